@@ -1,0 +1,326 @@
+"""fp32 PyTorch reference of every NSA step (DESIGN §4); the source of truth for every kernel.
+
+Packed varlen layout: q [total, h, d], k/v [total, h_kv, d], cu_seqlens int32 [batch + 1].
+Compressed keys/values live in a buffer of ``total // kernel_stride`` rows with per-sequence
+offsets ``cu_seqlens_cmp``; rows past ``cu_seqlens_cmp[-1]`` are zero padding.
+
+Everything is computed in float32 (float64 when the inputs are float64, for gradcheck) and
+returned in that precision. Work is split into chunks of query tokens, each a few dense tensor
+ops, so memory stays bounded at long sequence lengths without a Python loop over tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+
+import torch
+
+from ..config import NSAConfig
+from ..varlen import compressed_capacity, compressed_cu_seqlens, local_positions, sequence_ids
+
+# Elements of the largest intermediate a chunk may build (2**26 fp32 = 256 MiB).
+_CHUNK_BUDGET = 1 << 26
+
+
+_NATIVE_PRECISION = contextvars.ContextVar("fsalab_reference_native_precision", default=False)
+
+
+@contextlib.contextmanager
+def native_precision():
+    """Compute in the inputs' own dtype instead of fp32: what plain PyTorch would do in fp16/bf16.
+
+    Tests use it to measure PyTorch's own error in a dtype and bound kernels' error by a multiple of it.
+    """
+    token = _NATIVE_PRECISION.set(True)
+    try:
+        yield
+    finally:
+        _NATIVE_PRECISION.reset(token)
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    if _NATIVE_PRECISION.get() or t.dtype == torch.float64:
+        return t.dtype
+    return torch.float32
+
+
+def _chunks(total: int, per_token: int):
+    """Query-token ranges whose intermediates stay under the chunk budget."""
+    step = max(1, _CHUNK_BUDGET // max(1, per_token))
+    for start in range(0, total, step):
+        yield start, min(total, start + step)
+
+
+def _softmax_attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked softmax attention of grouped queries.
+
+    q [c, h_kv, g, d]; k/v either shared [h_kv, m, d] or per query [c, h_kv, m, d];
+    mask broadcastable to [c, h_kv, 1, m]. Returns o [c, h_kv, g, d] and lse [c, h_kv, g]
+    (natural log); rows that see no key give o = 0 and lse = -inf with finite gradients.
+    """
+    kv = "hmd" if k.dim() == 3 else "chmd"
+    s = torch.einsum(f"chgd,{kv}->chgm", q, k) * scale
+    s = s.masked_fill(~mask, float("-inf"))
+    # Shift by the row max for stability; the shift is a constant of the softmax, so detaching it is exact.
+    m = s.amax(-1, keepdim=True).detach()
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m)
+    denom = e.sum(-1, keepdim=True)
+    o = torch.einsum(f"chgm,{kv}->chgd", e, v)
+    o = o / torch.where(denom > 0, denom, torch.ones_like(denom))
+    lse = (torch.log(denom) + m).squeeze(-1)
+    return o, lse
+
+
+def compress_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w_k: torch.Tensor,
+    w_v: torch.Tensor,
+    pe: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cfg: NSAConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Linear compression with intra-block position embedding on keys (NSA Eq. 7).
+
+    k, v [total, h_kv, d] (keys before RoPE); w_k, w_v [h_kv, l * d, d]; pe [h_kv, l, d].
+    Compressed token j of a sequence covers its raw tokens [j * s, j * s + l):
+    k_cmp[j] = flatten(k[window] + pe) @ w_k, v_cmp[j] = flatten(v[window]) @ w_v.
+    Returns k_cmp, v_cmp [total // s, h_kv, d] and cu_seqlens_cmp int32 [batch + 1].
+    """
+    dt = _compute_dtype(k)
+    total, h_kv, d = k.shape
+    l, s = cfg.kernel_size, cfg.kernel_stride
+    cu_cmp = compressed_cu_seqlens(cu_seqlens, l, s)
+    rows = compressed_capacity(total, s)
+    r = torch.arange(rows, device=k.device)
+    seq = sequence_ids(cu_cmp, rows)
+    valid = r < cu_cmp[-1]
+    seq = seq.clamp(max=cu_seqlens.numel() - 2)
+    start = cu_seqlens.long()[seq] + (r - cu_cmp.long()[seq]) * s
+    idx = (start[:, None] + torch.arange(l, device=k.device)).clamp(0, max(total - 1, 0))
+    idx = torch.where(valid[:, None], idx, torch.zeros_like(idx))
+    k_win = (k.to(dt)[idx] + pe.to(dt).transpose(0, 1)).transpose(1, 2).reshape(rows, h_kv, l * d)
+    v_win = v.to(dt)[idx].transpose(1, 2).reshape(rows, h_kv, l * d)
+    k_cmp = torch.einsum("rhx,hxd->rhd", k_win, w_k.to(dt)) * valid[:, None, None]
+    v_cmp = torch.einsum("rhx,hxd->rhd", v_win, w_v.to(dt)) * valid[:, None, None]
+    return k_cmp, v_cmp, cu_cmp
+
+
+def _compressed_visibility(
+    cu_seqlens: torch.Tensor, cu_seqlens_cmp: torch.Tensor, rows: int, lo: int, hi: int, cfg: NSAConfig
+) -> torch.Tensor:
+    """mask [hi - lo, rows]: query t sees compressed j of its own sequence iff t >= j*s + l - 1."""
+    total = int(cu_seqlens[-1])
+    seq_q = sequence_ids(cu_seqlens, total)[lo:hi]
+    pos_q = local_positions(cu_seqlens, total)[lo:hi]
+    r = torch.arange(rows, device=cu_seqlens.device)
+    seq_c = sequence_ids(cu_seqlens_cmp, rows)
+    j = r - cu_seqlens_cmp.long()[seq_c.clamp(max=cu_seqlens.numel() - 2)]
+    valid_c = r < cu_seqlens_cmp[-1]
+    last_raw = j * cfg.kernel_stride + cfg.kernel_size - 1
+    return (seq_q[:, None] == seq_c[None, :]) & valid_c[None, :] & (pos_q[:, None] >= last_raw[None, :])
+
+
+def compressed_attention(
+    q: torch.Tensor,
+    k_cmp: torch.Tensor,
+    v_cmp: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cu_seqlens_cmp: torch.Tensor,
+    cfg: NSAConfig,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of every query over the compressed tokens it may see.
+
+    q [total, h, d]; k_cmp, v_cmp [rows, h_kv, d]. Query t (local position) sees compressed
+    token j iff t >= j * s + l - 1. Returns o [total, h, d] and lse [total, h] (natural log);
+    queries that see nothing give o = 0, lse = -inf.
+    """
+    dt = _compute_dtype(q)
+    total, h, d = q.shape
+    rows, h_kv, _ = k_cmp.shape
+    g = h // h_kv
+    scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    qg = q.to(dt).view(total, h_kv, g, d)
+    k_t, v_t = k_cmp.to(dt).transpose(0, 1), v_cmp.to(dt).transpose(0, 1)
+    outs, lses = [], []
+    for lo, hi in _chunks(total, rows * h):
+        mask = _compressed_visibility(cu_seqlens, cu_seqlens_cmp, rows, lo, hi, cfg)[:, None, None, :]
+        o, lse = _softmax_attend(qg[lo:hi], k_t, v_t, mask, scale)
+        outs.append(o)
+        lses.append(lse)
+    return _cat(outs, (0, h_kv, g, d), q, dt).reshape(total, h, d), _cat(lses, (0, h_kv, g), q, dt).reshape(total, h)
+
+
+def _cat(parts: list[torch.Tensor], empty_shape: tuple[int, ...], like: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    return torch.cat(parts) if parts else like.new_zeros(empty_shape, dtype=dt)
+
+
+def block_overlap_weights(cu_seqlens_cmp: torch.Tensor, rows: int, num_blocks: int, cfg: NSAConfig) -> torch.Tensor:
+    """W [rows, num_blocks]: overlap of compressed token j with selection block b, in strides.
+
+    |[j*s, j*s + l) ∩ [b*B, (b+1)*B)| / s — for l=32, s=16, B=64 the tokens 4b-1 .. 4b+3 with
+    weights 1, 2, 2, 2, 1 (NSA Eq. 9, with the FSA code's offset). Padding rows are zero.
+    """
+    s, l, bs = cfg.kernel_stride, cfg.kernel_size, cfg.block_size
+    r = torch.arange(rows, device=cu_seqlens_cmp.device)
+    seq_c = sequence_ids(cu_seqlens_cmp, rows).clamp(max=cu_seqlens_cmp.numel() - 2)
+    j = r - cu_seqlens_cmp.long()[seq_c]
+    b = torch.arange(num_blocks, device=r.device)
+    lo = torch.maximum((j * s)[:, None], (b * bs)[None, :])
+    hi = torch.minimum((j * s + l)[:, None], ((b + 1) * bs)[None, :])
+    w = (hi - lo).clamp(min=0) // s
+    return w * (r < cu_seqlens_cmp[-1])[:, None]
+
+
+@torch.no_grad()
+def select_blocks(
+    q: torch.Tensor,
+    k_cmp: torch.Tensor,
+    lse_cmp: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cu_seqlens_cmp: torch.Tensor,
+    cfg: NSAConfig,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Top-T selection blocks per token and KV head (NSA Eq. 8–12), int32 [total, h_kv, topk].
+
+    Scores: softmax over the visible compressed tokens (p = exp(q·k_cmp·scale - lse_cmp)), summed
+    over the g query heads of a group in fp32, mapped to blocks with the overlap weights. Blocks
+    < init_blocks and the local_blocks blocks ending at the own block are forced; blocks after the
+    own block are never selected. Ties go to the lower block index. Output rows are ascending,
+    valid entries first, -1 padding when fewer than topk blocks are causal.
+    """
+    dt = _compute_dtype(q)
+    total, h, d = q.shape
+    rows, h_kv, _ = k_cmp.shape
+    g = h // h_kv
+    scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if total else 0
+    num_blocks = max(cfg.num_blocks(max_len), cfg.topk)
+    weights = block_overlap_weights(cu_seqlens_cmp, rows, num_blocks, cfg).to(dt)
+    own_all = local_positions(cu_seqlens, total) // cfg.block_size
+    blocks = torch.arange(num_blocks, device=q.device)
+    qg = q.to(dt).view(total, h_kv, g, d)
+    k_t = k_cmp.to(dt).transpose(0, 1)
+    lse_g = lse_cmp.to(dt).view(total, h_kv, g)
+    out = []
+    for lo, hi in _chunks(total, rows * h + num_blocks * h_kv):
+        mask = _compressed_visibility(cu_seqlens, cu_seqlens_cmp, rows, lo, hi, cfg)[:, None, None, :]
+        logits = torch.einsum("chgd,hmd->chgm", qg[lo:hi], k_t) * scale
+        lse = lse_g[lo:hi].unsqueeze(-1)
+        p = torch.where(mask & torch.isfinite(lse), torch.exp(logits - lse), torch.zeros_like(logits))
+        score = p.sum(2) @ weights  # [c, h_kv, num_blocks]
+        own = own_all[lo:hi, None, None]
+        forced = (blocks < cfg.init_blocks) | ((blocks > own - cfg.local_blocks) & (blocks <= own))
+        score = torch.where(forced, torch.full_like(score, float("inf")), score)
+        score = torch.where(blocks > own, torch.full_like(score, float("-inf")), score)
+        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., : cfg.topk]
+        chosen = torch.where(torch.gather(score, -1, order) > float("-inf"), order, torch.full_like(order, num_blocks))
+        chosen = torch.sort(chosen, dim=-1).values
+        out.append(torch.where(chosen == num_blocks, torch.full_like(chosen, -1), chosen).to(torch.int32))
+    return torch.cat(out) if out else q.new_zeros((0, h_kv, cfg.topk), dtype=torch.int32)
+
+
+def selected_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_idx: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    block_size: int,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention over the union of each token's selected blocks, causal in the own block.
+
+    q [total, h, d], k/v [total, h_kv, d], block_idx int32 [total, h_kv, topk] (local block ids,
+    -1 = none). Returns o [total, h, d] and lse [total, h]; empty selections give 0 and -inf.
+    """
+    dt = _compute_dtype(q)
+    total, h, d = q.shape
+    h_kv, topk = k.shape[1], block_idx.shape[2]
+    g = h // h_kv
+    scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    qg = q.to(dt).view(total, h_kv, g, d)
+    k32, v32 = k.to(dt), v.to(dt)
+    start = cu_seqlens.long()[sequence_ids(cu_seqlens, total)]
+    pos = local_positions(cu_seqlens, total)
+    within = torch.arange(block_size, device=q.device)
+    heads = torch.arange(h_kv, device=q.device)[None, :, None]
+    outs, lses = [], []
+    for lo, hi in _chunks(total, h_kv * topk * block_size * (2 * d + g)):
+        blk = block_idx[lo:hi].long()  # [c, h_kv, T]
+        key_pos = (blk[..., None] * block_size + within).flatten(2)  # [c, h_kv, T*B] local positions
+        valid = (blk >= 0).repeat_interleave(block_size, -1) & (key_pos <= pos[lo:hi, None, None])
+        key = torch.where(valid, key_pos + start[lo:hi, None, None], torch.zeros_like(key_pos))
+        o, lse = _softmax_attend(qg[lo:hi], k32[key, heads], v32[key, heads], valid[:, :, None, :], scale)
+        outs.append(o)
+        lses.append(lse)
+    return _cat(outs, (0, h_kv, g, d), q, dt).reshape(total, h, d), _cat(lses, (0, h_kv, g), q, dt).reshape(total, h)
+
+
+def window_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    window_size: int,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sliding-window causal attention: query t attends keys (t - w, t] of its own sequence.
+
+    q [total, h, d], k/v [total, h_kv, d]. Returns o [total, h, d] and lse [total, h].
+    """
+    dt = _compute_dtype(q)
+    total, h, d = q.shape
+    h_kv = k.shape[1]
+    g = h // h_kv
+    scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    qg = q.to(dt).view(total, h_kv, g, d)
+    k_t, v_t = k.to(dt).transpose(0, 1), v.to(dt).transpose(0, 1)
+    seq = sequence_ids(cu_seqlens, total)
+    step = max(1, min(total, _CHUNK_BUDGET // max(1, (window_size + total) * h)))
+    outs, lses = [], []
+    for lo in range(0, total, step):
+        hi = min(total, lo + step)
+        k_lo = max(0, lo - window_size + 1)
+        t = torch.arange(lo, hi, device=q.device)[:, None]
+        key = torch.arange(k_lo, hi, device=q.device)[None, :]
+        mask = (seq[lo:hi, None] == seq[None, k_lo:hi]) & (key <= t) & (key > t - window_size)
+        o, lse = _softmax_attend(qg[lo:hi], k_t[:, k_lo:hi], v_t[:, k_lo:hi], mask[:, None, None, :], scale)
+        outs.append(o)
+        lses.append(lse)
+    return _cat(outs, (0, h_kv, g, d), q, dt).reshape(total, h, d), _cat(lses, (0, h_kv, g), q, dt).reshape(total, h)
+
+
+def gated_sum(
+    o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor, gate_logits: torch.Tensor
+) -> torch.Tensor:
+    """o = σ(g_cmp)·o_cmp + σ(g_slc)·o_slc + σ(g_win)·o_win; gate_logits [total, h, 3], o_* [total, h, d]."""
+    gates = torch.sigmoid(gate_logits.to(o_cmp.dtype)).unsqueeze(-1)
+    return gates[:, :, 0] * o_cmp + gates[:, :, 1] * o_slc + gates[:, :, 2] * o_win
+
+
+def nsa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cmp: torch.Tensor,
+    v_cmp: torch.Tensor,
+    gate_logits: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cu_seqlens_cmp: torch.Tensor,
+    cfg: NSAConfig,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """All three branches on already-projected (and rotated) tensors; returns (o [total, h, d], block_idx)."""
+    o_cmp, lse_cmp = compressed_attention(q, k_cmp, v_cmp, cu_seqlens, cu_seqlens_cmp, cfg, scale)
+    block_idx = select_blocks(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, cfg, scale)
+    o_slc, _ = selected_attention(q, k, v, block_idx, cu_seqlens, cfg.block_size, scale)
+    o_win, _ = window_attention(q, k, v, cu_seqlens, cfg.window_size, scale)
+    return gated_sum(o_cmp, o_slc, o_win, gate_logits), block_idx

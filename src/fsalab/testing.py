@@ -1,0 +1,105 @@
+"""Helpers shared by the tests and the GPU correctness checks: random varlen batches,
+NaN poisoning, and dtype-aware comparison against an fp32 reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Smallest error bound per dtype, relative to the reference's magnitude: keeps a kernel that is
+# exact where PyTorch happens to be exact too from failing on one rounding step.
+_FLOOR = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@dataclass
+class VarlenBatch:
+    """Packed inputs: q [total, h, d], k/v [total, h_kv, d], cu_seqlens int32 [batch + 1]."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens: torch.Tensor
+
+    @property
+    def total(self) -> int:
+        return self.q.shape[0]
+
+
+def cu_seqlens_of(lengths: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """int32 offsets [len(lengths) + 1] of sequences packed back to back."""
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + int(n))
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def random_lengths(gen: torch.Generator, batch: int, max_len: int, min_len: int = 1) -> list[int]:
+    return torch.randint(min_len, max_len + 1, (batch,), generator=gen).tolist()
+
+
+def make_batch(
+    lengths: list[int],
+    h: int,
+    h_kv: int,
+    d: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seed: int | None = None,
+    q_scale: float = 1.0,
+    requires_grad: bool = False,
+) -> VarlenBatch:
+    """Random N(0, 1) packed batch; a fresh seed is drawn when seed is None."""
+    gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**31 - 1, ()).item()))
+    total = sum(lengths)
+
+    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        t = (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=device)
+        return t.requires_grad_(requires_grad)
+
+    return VarlenBatch(rnd(total, h, d, scale=q_scale), rnd(total, h_kv, d), rnd(total, h_kv, d), cu_seqlens_of(lengths, device))
+
+
+def poison(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """An output buffer full of NaN: any element a kernel forgets to write shows up in the comparison."""
+    return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
+
+
+def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Max |actual - expected| over finite reference entries (both compared in float64)."""
+    a, e = actual.double(), expected.double()
+    finite = torch.isfinite(e)
+    if not finite.any():
+        return 0.0
+    return (a[finite] - e[finite]).abs().max().item()
+
+
+def assert_close(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    native: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+    factor: float = 2.0,
+    name: str = "output",
+) -> None:
+    """Assert actual ≈ expected (fp32/fp64 reference) within what PyTorch itself makes in that dtype.
+
+    ``native`` is the same computation done by PyTorch in the low-precision dtype; the bound is
+    ``factor * err(native) + floor(dtype) * max|expected|``. Without ``native`` only the floor
+    applies. Infinite reference entries (lse of empty rows) must be matched exactly; NaN never passes.
+    """
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{name}: shape {tuple(actual.shape)} != expected {tuple(expected.shape)}")
+    dtype = dtype or actual.dtype
+    if torch.isnan(actual).any():
+        raise AssertionError(f"{name}: {int(torch.isnan(actual).sum())} NaN entries (unwritten or invalid)")
+    inf = ~torch.isfinite(expected)
+    if inf.any() and not torch.equal(actual.double()[inf], expected.double()[inf]):
+        raise AssertionError(f"{name}: entries where the reference is infinite differ")
+    scale = expected.double()[~inf].abs().max().item() if (~inf).any() else 0.0
+    bound = _FLOOR[dtype] * max(scale, 1.0)
+    if native is not None:
+        bound += factor * max_error(native, expected)
+    err = max_error(actual, expected)
+    if err > bound:
+        raise AssertionError(f"{name}: max error {err:.3e} exceeds bound {bound:.3e} (dtype {dtype}, ref scale {scale:.3e})")

@@ -1,0 +1,41 @@
+"""Test harness: kernels run through the Triton interpreter when no CUDA device is present."""
+
+import os
+import random
+
+import torch
+
+if not torch.cuda.is_available():
+    # Must be set before triton is first imported anywhere.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return torch.device("cuda" if ON_GPU else "cpu")
+
+
+@pytest.fixture
+def seed() -> int:
+    """A fresh seed per test, printed with any failure so it can be replayed (FSALAB_SEED fixes it)."""
+    value = int(os.environ.get("FSALAB_SEED", random.SystemRandom().randrange(2**31 - 1)))
+    print(f"FSALAB_SEED={value}")  # shown with the captured output of a failing test
+    return value
+
+
+@pytest.fixture
+def gen(seed) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def pytest_collection_modifyitems(config, items):
+    if ON_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

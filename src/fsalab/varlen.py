@@ -36,3 +36,13 @@ def compressed_capacity(total_tokens: int, kernel_stride: int) -> int:
     most floor(total / s), so buffers of this size need no host sync to be allocated.
     """
     return total_tokens // kernel_stride
+
+
+def compressed_index(cu_seqlens_cmp: torch.Tensor, rows: int) -> torch.Tensor:
+    """Local index j of every row of a compressed buffer within its sequence, int64 [rows].
+
+    Padding rows past cu_seqlens_cmp[-1] get indices continuing the last sequence; mask them
+    with ``torch.arange(rows) < cu_seqlens_cmp[-1]``.
+    """
+    seq = sequence_ids(cu_seqlens_cmp, rows).clamp(max=cu_seqlens_cmp.numel() - 2)
+    return torch.arange(rows, device=cu_seqlens_cmp.device) - cu_seqlens_cmp.long()[seq]

@@ -1,0 +1,49 @@
+"""NSA ops. Each branch's implementation is chosen by name so the module can swap kernels.
+
+- compression ops (compress_kv, compressed_attention, select_blocks): "reference" | "triton" | "auto"
+- selected attention: see ``fsalab.ops.selection`` ("reference" | "nsa" | "fsa" | "fsa_paper" | "auto")
+- sliding window: "reference" | "triton" | "flash_attn" | "auto"
+
+"auto" picks the kernels on CUDA tensors and the reference elsewhere.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import torch
+
+COMPRESSION_IMPLS = ("reference", "triton", "auto")
+WINDOW_IMPLS = ("reference", "triton", "flash_attn", "auto")
+
+
+def compression_ops(impl: str, device: torch.device) -> ModuleType:
+    """The module providing compress_kv / compressed_attention / select_blocks for ``impl``."""
+    if impl not in COMPRESSION_IMPLS:
+        raise ValueError(f"compression impl must be one of {COMPRESSION_IMPLS}, got {impl!r}")
+    if impl == "auto":
+        impl = "triton" if device.type == "cuda" else "reference"
+    return importlib.import_module("fsalab.ops.reference" if impl == "reference" else "fsalab.ops.compression")
+
+
+def window_op(impl: str, device: torch.device):
+    """A callable (q, k, v, cu_seqlens, window_size, scale) -> (o, lse) for ``impl``."""
+    if impl not in WINDOW_IMPLS:
+        raise ValueError(f"window impl must be one of {WINDOW_IMPLS}, got {impl!r}")
+    if impl == "reference" or (impl == "auto" and device.type != "cuda"):
+        from .reference import window_attention
+
+        return window_attention
+    from .window import window_attention
+
+    backend = impl
+
+    def op(q, k, v, cu_seqlens, window_size, scale=None):
+        return window_attention(q, k, v, cu_seqlens, window_size, scale, backend=backend)
+
+    return op
+
+
+def selection_default(device: torch.device) -> str:
+    return "auto" if device.type == "cuda" else "reference"

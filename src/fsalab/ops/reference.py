@@ -18,7 +18,7 @@ import math
 import torch
 
 from ..config import NSAConfig
-from ..varlen import compressed_capacity, compressed_cu_seqlens, local_positions, sequence_ids
+from ..varlen import compressed_capacity, compressed_cu_seqlens, compressed_index, local_positions, sequence_ids
 
 # Elements of the largest intermediate a chunk may build (2**26 fp32 = 256 MiB).
 _CHUNK_BUDGET = 1 << 26
@@ -63,6 +63,8 @@ def _softmax_attend(
     (natural log); rows that see no key give o = 0 and lse = -inf with finite gradients.
     """
     kv = "hmd" if k.dim() == 3 else "chmd"
+    if k.shape[-2] == 0:  # no keys at all (e.g. no sequence long enough to compress)
+        return q.new_zeros(q.shape[:3] + (v.shape[-1],)) + 0 * q.sum(), q.new_full(q.shape[:3], float("-inf"))
     s = torch.einsum(f"chgd,{kv}->chgm", q, k) * scale
     s = s.masked_fill(~mask, float("-inf"))
     # Shift by the row max for stability; the shift is a constant of the softmax, so detaching it is exact.
@@ -98,10 +100,9 @@ def compress_kv(
     cu_cmp = compressed_cu_seqlens(cu_seqlens, l, s)
     rows = compressed_capacity(total, s)
     r = torch.arange(rows, device=k.device)
-    seq = sequence_ids(cu_cmp, rows)
     valid = r < cu_cmp[-1]
-    seq = seq.clamp(max=cu_seqlens.numel() - 2)
-    start = cu_seqlens.long()[seq] + (r - cu_cmp.long()[seq]) * s
+    seq = sequence_ids(cu_cmp, rows).clamp(max=cu_seqlens.numel() - 2)
+    start = cu_seqlens.long()[seq] + compressed_index(cu_cmp, rows) * s
     idx = (start[:, None] + torch.arange(l, device=k.device)).clamp(0, max(total - 1, 0))
     idx = torch.where(valid[:, None], idx, torch.zeros_like(idx))
     k_win = (k.to(dt)[idx] + pe.to(dt).transpose(0, 1)).transpose(1, 2).reshape(rows, h_kv, l * d)
@@ -112,15 +113,14 @@ def compress_kv(
 
 
 def _compressed_visibility(
-    cu_seqlens: torch.Tensor, cu_seqlens_cmp: torch.Tensor, rows: int, lo: int, hi: int, cfg: NSAConfig
+    cu_seqlens: torch.Tensor, cu_seqlens_cmp: torch.Tensor, total: int, rows: int, lo: int, hi: int, cfg: NSAConfig
 ) -> torch.Tensor:
     """mask [hi - lo, rows]: query t sees compressed j of its own sequence iff t >= j*s + l - 1."""
-    total = int(cu_seqlens[-1])
     seq_q = sequence_ids(cu_seqlens, total)[lo:hi]
     pos_q = local_positions(cu_seqlens, total)[lo:hi]
     r = torch.arange(rows, device=cu_seqlens.device)
     seq_c = sequence_ids(cu_seqlens_cmp, rows)
-    j = r - cu_seqlens_cmp.long()[seq_c.clamp(max=cu_seqlens.numel() - 2)]
+    j = compressed_index(cu_seqlens_cmp, rows)
     valid_c = r < cu_seqlens_cmp[-1]
     last_raw = j * cfg.kernel_stride + cfg.kernel_size - 1
     return (seq_q[:, None] == seq_c[None, :]) & valid_c[None, :] & (pos_q[:, None] >= last_raw[None, :])
@@ -150,7 +150,7 @@ def compressed_attention(
     k_t, v_t = k_cmp.to(dt).transpose(0, 1), v_cmp.to(dt).transpose(0, 1)
     outs, lses = [], []
     for lo, hi in _chunks(total, rows * h):
-        mask = _compressed_visibility(cu_seqlens, cu_seqlens_cmp, rows, lo, hi, cfg)[:, None, None, :]
+        mask = _compressed_visibility(cu_seqlens, cu_seqlens_cmp, total, rows, lo, hi, cfg)[:, None, None, :]
         o, lse = _softmax_attend(qg[lo:hi], k_t, v_t, mask, scale)
         outs.append(o)
         lses.append(lse)
@@ -169,8 +169,7 @@ def block_overlap_weights(cu_seqlens_cmp: torch.Tensor, rows: int, num_blocks: i
     """
     s, l, bs = cfg.kernel_stride, cfg.kernel_size, cfg.block_size
     r = torch.arange(rows, device=cu_seqlens_cmp.device)
-    seq_c = sequence_ids(cu_seqlens_cmp, rows).clamp(max=cu_seqlens_cmp.numel() - 2)
-    j = r - cu_seqlens_cmp.long()[seq_c]
+    j = compressed_index(cu_seqlens_cmp, rows)
     b = torch.arange(num_blocks, device=r.device)
     lo = torch.maximum((j * s)[:, None], (b * bs)[None, :])
     hi = torch.minimum((j * s + l)[:, None], ((b + 1) * bs)[None, :])
@@ -211,7 +210,7 @@ def select_blocks(
     lse_g = lse_cmp.to(dt).view(total, h_kv, g)
     out = []
     for lo, hi in _chunks(total, rows * h + num_blocks * h_kv):
-        mask = _compressed_visibility(cu_seqlens, cu_seqlens_cmp, rows, lo, hi, cfg)[:, None, None, :]
+        mask = _compressed_visibility(cu_seqlens, cu_seqlens_cmp, total, rows, lo, hi, cfg)[:, None, None, :]
         logits = torch.einsum("chgd,hmd->chgm", qg[lo:hi], k_t) * scale
         lse = lse_g[lo:hi].unsqueeze(-1)
         p = torch.where(mask & torch.isfinite(lse), torch.exp(logits - lse), torch.zeros_like(logits))

@@ -1,0 +1,3 @@
+from .nsa import NativeSparseAttention
+
+__all__ = ["NativeSparseAttention"]

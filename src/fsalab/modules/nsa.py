@@ -1,0 +1,141 @@
+"""NativeSparseAttention: projections, RoPE, the three NSA branches and per-head gates."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..checks import check_cu_seqlens, check_tensor
+from ..config import NSAConfig
+from ..ops import compression_ops, selection_default, window_op
+from ..ops.reference import gated_sum
+from ..ops.selection import selected_attention
+from ..varlen import compressed_index, local_positions
+from .rope import apply_rope, rope_inv_freq
+
+
+class NativeSparseAttention(nn.Module):
+    """NSA attention layer (NSA paper §3, DESIGN §4) over packed or padded batches.
+
+    Branches share the q/k/v projections (as the FSA code does). Compression runs on keys before
+    RoPE; RoPE is then applied to q, k and to each compressed key at its window's start position.
+    Gates: sigmoid of a linear map of the hidden state, one per branch and query head.
+
+    Each branch's op is chosen by name: ``compression_impl`` ("reference" | "triton" | "auto"),
+    ``selection_impl`` (see ``fsalab.ops.selection``; None = "auto" on CUDA, "reference" on CPU),
+    ``window_impl`` ("reference" | "triton" | "flash_attn" | "auto").
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int | None = None,
+        config: NSAConfig | None = None,
+        rope_theta: float = 10000.0,
+        rope_scaling: dict | None = None,
+        qkv_bias: bool = False,
+        compression_impl: str = "auto",
+        selection_impl: str | None = None,
+        window_impl: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.cfg = config or NSAConfig()
+        self.hidden_size = hidden_size
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim = head_dim or hidden_size // num_heads
+        self.compression_impl, self.selection_impl, self.window_impl = compression_impl, selection_impl, window_impl
+        d, l = self.head_dim, self.cfg.kernel_size
+        factory = {"device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(hidden_size, num_heads * d, bias=qkv_bias, **factory)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * d, bias=qkv_bias, **factory)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * d, bias=qkv_bias, **factory)
+        self.o_proj = nn.Linear(num_heads * d, hidden_size, bias=False, **factory)
+        self.gate_proj = nn.Linear(hidden_size, 3 * num_heads, bias=False, **factory)
+        self.compress_k = nn.Parameter(torch.empty(num_kv_heads, l * d, d, **factory))
+        self.compress_v = nn.Parameter(torch.empty(num_kv_heads, l * d, d, **factory))
+        self.compress_pe = nn.Parameter(torch.empty(num_kv_heads, l, d, **factory))
+        self.register_buffer("inv_freq", rope_inv_freq(d, rope_theta, rope_scaling), persistent=False)
+        self.reset_compression_parameters()
+
+    def reset_compression_parameters(self) -> None:
+        # Variance-preserving for a map from l*d inputs to d outputs.
+        bound = 1.0 / math.sqrt(self.cfg.kernel_size * self.head_dim)
+        nn.init.uniform_(self.compress_k, -bound, bound)
+        nn.init.uniform_(self.compress_v, -bound, bound)
+        nn.init.normal_(self.compress_pe, std=0.02)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        lengths: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Packed ``[total, hidden]`` with ``cu_seqlens`` (int32 [batch + 1]), or padded
+        ``[batch, seq, hidden]`` with optional right-padding ``lengths`` ([batch]); same layout out.
+        Padded positions of the output are zero.
+        """
+        if hidden_states.dim() == 3:
+            if cu_seqlens is not None:
+                raise ValueError("cu_seqlens is for packed [total, hidden] input; padded input takes lengths")
+            return self._forward_padded(hidden_states, lengths)
+        check_tensor("hidden_states", hidden_states, 2)
+        if cu_seqlens is None:
+            raise ValueError("packed hidden_states [total, hidden] need cu_seqlens (int32 [batch + 1])")
+        if lengths is not None:
+            raise ValueError("lengths is for padded [batch, seq, hidden] input; packed input takes cu_seqlens")
+        return self._forward_packed(hidden_states, cu_seqlens)
+
+    def _forward_padded(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        batch, seq, hidden = x.shape
+        starts = torch.arange(batch + 1, device=x.device, dtype=torch.int32) * seq
+        if lengths is None:
+            cu = starts
+            valid = None
+        else:
+            check_tensor("lengths", lengths, 1, device=x.device)
+            if lengths.shape[0] != batch:
+                raise ValueError(f"lengths must have shape [batch={batch}], got {tuple(lengths.shape)}")
+            # Padding tokens form sequences of their own, so no host sync is needed to pack.
+            ends = starts[:-1] + lengths.to(torch.int32).clamp(0, seq)
+            cu = torch.stack([starts[:-1], ends], dim=1).flatten()
+            cu = torch.cat([cu, starts[-1:]])
+            valid = torch.arange(seq, device=x.device)[None, :] < lengths.to(x.device)[:, None]
+        out = self._forward_packed(x.reshape(batch * seq, hidden), cu).view(batch, seq, hidden)
+        return out if valid is None else out * valid[..., None].to(out.dtype)
+
+    def _forward_packed(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        total, hidden = x.shape
+        if hidden != self.hidden_size:
+            raise ValueError(f"hidden_states must have hidden size {self.hidden_size}, got {hidden}")
+        check_cu_seqlens(cu_seqlens, total, x.device)
+        cfg, h, h_kv, d = self.cfg, self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.q_proj(x).view(total, h, d)
+        k = self.k_proj(x).view(total, h_kv, d)
+        v = self.v_proj(x).view(total, h_kv, d)
+
+        cmp = compression_ops(self.compression_impl, x.device)
+        k_cmp, v_cmp, cu_cmp = cmp.compress_kv(k, v, self.compress_k, self.compress_v, self.compress_pe, cu_seqlens, cfg)
+        k_cmp, v_cmp = k_cmp.to(q.dtype), v_cmp.to(q.dtype)
+        positions = local_positions(cu_seqlens, total)
+        cmp_positions = compressed_index(cu_cmp, k_cmp.shape[0]) * cfg.kernel_stride
+        q = apply_rope(q, positions, self.inv_freq)
+        k = apply_rope(k, positions, self.inv_freq)
+        k_cmp = apply_rope(k_cmp, cmp_positions, self.inv_freq)
+
+        o_cmp, lse_cmp = cmp.compressed_attention(q, k_cmp, v_cmp, cu_seqlens, cu_cmp, cfg)
+        block_idx = cmp.select_blocks(q, k_cmp, lse_cmp, cu_seqlens, cu_cmp, cfg)
+        selection = self.selection_impl or selection_default(x.device)
+        o_slc, _ = selected_attention(q, k, v, block_idx, cu_seqlens, cfg.block_size, impl=selection)
+        o_win, _ = window_op(self.window_impl, x.device)(q, k, v, cu_seqlens, cfg.window_size)
+
+        gates = self.gate_proj(x).view(total, h, 3)
+        o = gated_sum(o_cmp.to(q.dtype), o_slc.to(q.dtype), o_win.to(q.dtype), gates)
+        return self.o_proj(o.reshape(total, h * d))

@@ -1,0 +1,86 @@
+"""NativeSparseAttention: gradients, packed vs padded input, RoPE."""
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from fsalab.config import NSAConfig
+from fsalab.modules import NativeSparseAttention
+from fsalab.modules.rope import apply_rope, rope_inv_freq
+from fsalab.testing import cu_seqlens_of
+
+TINY = NSAConfig(kernel_size=8, kernel_stride=4, block_size=16, topk=2, init_blocks=1, local_blocks=1, window_size=8)
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def tiny_module(dtype=torch.float64, **kw):
+    torch.manual_seed(0)
+    return NativeSparseAttention(16, 4, 2, head_dim=4, config=TINY, dtype=dtype, **kw)
+
+
+def test_gradcheck_float64():
+    module = tiny_module(rope_scaling=LLAMA3_SCALING, rope_theta=500000.0)
+    cu = cu_seqlens_of([40, 9, 3])
+    x = torch.randn(52, 16, dtype=torch.float64, requires_grad=True)
+    names = ["compress_k", "compress_v", "compress_pe", "gate_proj.weight", "q_proj.weight"]
+    params = {n: p.detach().clone().requires_grad_(True) for n, p in module.named_parameters() if n in names}
+
+    def f(x, *tensors):
+        return functional_call(module, dict(zip(params, tensors)), (x, cu))
+
+    assert torch.autograd.gradcheck(f, (x, *params.values()), fast_mode=True)
+
+
+def test_padded_batch_equals_packed_sequences():
+    module = tiny_module(dtype=torch.float32)
+    lengths = torch.tensor([37, 12, 50])
+    x = torch.randn(3, 50, 16)
+    out = module(x, lengths=lengths)
+    assert out.shape == x.shape
+    for b, n in enumerate(lengths.tolist()):
+        alone = module(x[b, :n], cu_seqlens_of([n]))
+        torch.testing.assert_close(out[b, :n], alone, atol=1e-5, rtol=1e-5)
+        assert torch.equal(out[b, n:], torch.zeros_like(out[b, n:]))
+    full = module(x)
+    torch.testing.assert_close(full[2], module(x[2], cu_seqlens_of([50])), atol=1e-5, rtol=1e-5)
+
+
+def test_forward_backward_default_config():
+    module = NativeSparseAttention(64, 4, 1, config=NSAConfig(topk=4, window_size=128))
+    x = torch.randn(600, 64, requires_grad=True)
+    out = module(x, cu_seqlens_of([450, 150]))
+    out.square().mean().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in module.parameters())
+    assert module.compress_pe.grad.abs().sum() > 0, "the PE must receive gradient through compressed attention"
+
+
+def test_rope_matches_transformers():
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = transformers.LlamaConfig(
+        hidden_size=512, num_attention_heads=4, head_dim=128, rope_theta=500000.0, rope_scaling=LLAMA3_SCALING,
+        max_position_embeddings=131072,
+    )
+    theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    torch.testing.assert_close(rope_inv_freq(128, 500000.0, LLAMA3_SCALING), theirs.float(), rtol=1e-6, atol=0)
+
+
+def test_rope_rotates_pairs_and_keeps_norms():
+    inv_freq = rope_inv_freq(8, 10000.0)
+    x = torch.randn(5, 2, 8, dtype=torch.float64)
+    pos = torch.arange(5)
+    y = apply_rope(x, pos, inv_freq)
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+    torch.testing.assert_close(y[0], x[0])
+    # Relative property: <R(p)a, R(p)b> depends only on the offset.
+    a, b = x[0, 0], x[1, 0]
+    dots = [(apply_rope(a[None, None], torch.tensor([p]), inv_freq) * apply_rope(b[None, None], torch.tensor([p + 3]), inv_freq)).sum() for p in range(3)]
+    torch.testing.assert_close(dots[0], dots[2])

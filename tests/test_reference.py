@@ -1,0 +1,86 @@
+"""ops/reference.py against the independent dense-mask formulation (tests/dense_nsa.py)."""
+
+import math
+
+import pytest
+import torch
+
+from dense_nsa import dense_nsa_sequence
+from fsalab.config import NSAConfig
+from fsalab.ops import reference
+from fsalab.testing import make_batch, random_lengths
+
+CONFIGS = [
+    NSAConfig(kernel_size=32, kernel_stride=16, block_size=64, topk=4, window_size=96),
+    NSAConfig(kernel_size=16, kernel_stride=8, block_size=32, topk=5, init_blocks=1, local_blocks=2, window_size=40),
+    NSAConfig(kernel_size=32, kernel_stride=32, block_size=32, topk=3, init_blocks=0, local_blocks=1, window_size=512),
+]
+
+
+def run_reference(batch, params, gate_logits, cfg):
+    k_cmp, v_cmp, cu_cmp = reference.compress_kv(batch.k, batch.v, *params, batch.cu_seqlens, cfg)
+    o, block_idx = reference.nsa_attention(batch.q, batch.k, batch.v, k_cmp, v_cmp, gate_logits, batch.cu_seqlens, cu_cmp, cfg)
+    return o, block_idx, k_cmp, cu_cmp
+
+
+def random_params(gen, h_kv, d, cfg):
+    l = cfg.kernel_size
+    w_k = torch.randn(h_kv, l * d, d, generator=gen) / math.sqrt(l * d)
+    w_v = torch.randn(h_kv, l * d, d, generator=gen) / math.sqrt(l * d)
+    pe = torch.randn(h_kv, l, d, generator=gen) * 0.1
+    return w_k, w_v, pe
+
+
+@pytest.mark.parametrize(
+    "g,d,cfg",
+    [(1, 64, CONFIGS[0]), (2, 96, CONFIGS[1]), (4, 128, CONFIGS[2]), (8, 64, CONFIGS[1]), (16, 96, CONFIGS[0]), (4, 64, CONFIGS[0])],
+)
+def test_reference_matches_dense_masks(g, d, cfg, gen, seed):
+    h_kv = 2
+    lengths = random_lengths(gen, 3, 300) + [1, cfg.kernel_size - 1, cfg.block_size + 1]
+    batch = make_batch(lengths, h_kv * g, h_kv, d, seed=seed)
+    params = random_params(gen, h_kv, d, cfg)
+    gate_logits = torch.randn(batch.total, h_kv * g, 3, generator=gen)
+    o, block_idx, k_cmp, cu_cmp = run_reference(batch, params, gate_logits, cfg)
+
+    cu = batch.cu_seqlens.tolist()
+    cu_c = cu_cmp.tolist()
+    for i in range(len(lengths)):
+        a, b = cu[i], cu[i + 1]
+        dense = dense_nsa_sequence(batch.q[a:b], batch.k[a:b], batch.v[a:b], *params, gate_logits[a:b], cfg)
+        torch.testing.assert_close(k_cmp[cu_c[i] : cu_c[i + 1]], dense["k_cmp"], atol=1e-5, rtol=0)
+        assert torch.equal(block_idx[a:b], dense["block_idx"]), f"sequence {i}: block selection differs"
+        torch.testing.assert_close(o[a:b], dense["o"], atol=1e-5, rtol=0)
+
+
+def test_branches_match_dense_masks(gen, seed):
+    cfg = CONFIGS[0]
+    h_kv, g, d = 2, 3, 64
+    lengths = [257, 40, 130]
+    batch = make_batch(lengths, h_kv * g, h_kv, d, seed=seed)
+    params = random_params(gen, h_kv, d, cfg)
+    k_cmp, v_cmp, cu_cmp = reference.compress_kv(batch.k, batch.v, *params, batch.cu_seqlens, cfg)
+    o_cmp, lse = reference.compressed_attention(batch.q, k_cmp, v_cmp, batch.cu_seqlens, cu_cmp, cfg)
+    block_idx = reference.select_blocks(batch.q, k_cmp, lse, batch.cu_seqlens, cu_cmp, cfg)
+    o_slc, _ = reference.selected_attention(batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, cfg.block_size)
+    o_win, _ = reference.window_attention(batch.q, batch.k, batch.v, batch.cu_seqlens, cfg.window_size)
+    cu = batch.cu_seqlens.tolist()
+    gate = torch.zeros(batch.total, h_kv * g, 3)
+    for i in range(len(lengths)):
+        a, b = cu[i], cu[i + 1]
+        dense = dense_nsa_sequence(batch.q[a:b], batch.k[a:b], batch.v[a:b], *params, gate[a:b], cfg)
+        for name, ours in (("o_cmp", o_cmp), ("o_slc", o_slc), ("o_win", o_win)):
+            torch.testing.assert_close(ours[a:b], dense[name], atol=1e-5, rtol=0, msg=f"{name} of sequence {i}")
+
+
+def test_reference_runs_thousands_of_tokens_quickly():
+    """The reference must stay usable as a test oracle at a few thousand tokens on CPU."""
+    import time
+
+    cfg = NSAConfig()
+    batch = make_batch([3000, 1000], 8, 2, 64, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    params = random_params(gen, 2, 64, cfg)
+    start = time.perf_counter()
+    run_reference(batch, params, torch.zeros(batch.total, 8, 3), cfg)
+    assert time.perf_counter() - start < 30.0

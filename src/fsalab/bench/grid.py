@@ -1,0 +1,186 @@
+"""Experiment configs: load ``experiments/<name>.yaml``, validate it against
+``workflow/schemas/experiment.schema.yaml`` (filling defaults), expand its grid into points.
+
+A point is a flat dict of parameters (op, impl, direction, N, batch, h_kv, g, d, block_size,
+topk, dtype, ...) plus its ``id``, a file-name-safe string that is stable across runs and
+unique within the experiment; results are written to ``results/<platform>/<experiment>/<id>.json``.
+The Snakefile and the CLI both expand grids here, so they always agree on the point list.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import re
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+
+KERNEL_REQUIRED = ("op", "impl", "direction", "N", "g")
+THEORY_REQUIRED = ("N", "g", "cost_model")
+# The checkout this package is installed from (editable install); results and configs live there.
+REPO_ROOT = Path(__file__).resolve().parents[3]
+_DTYPE_TAGS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+_DIRECTION_TAGS = {"fwd": "fwd", "bwd": "bwd", "fwd+bwd": "fwdbwd"}
+
+
+def repo_root() -> Path:
+    """``$FSALAB_ROOT``, else the checkout this package lives in, else the working directory."""
+    env = os.environ.get("FSALAB_ROOT")
+    if env:
+        return Path(env)
+    if (REPO_ROOT / "workflow" / "schemas").is_dir():
+        return REPO_ROOT
+    return Path.cwd()
+
+
+def load_schema(name: str) -> dict:
+    """``workflow/schemas/<name>.schema.yaml`` as a dict."""
+    with open(repo_root() / "workflow" / "schemas" / f"{name}.schema.yaml") as fh:
+        return yaml.safe_load(fh)
+
+
+def _with_defaults(validator_cls):
+    """A validator class that also writes each property's ``default`` into the instance."""
+    validate_properties = validator_cls.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for prop, sub in properties.items():
+                if isinstance(sub, dict) and "default" in sub:
+                    instance.setdefault(prop, copy.deepcopy(sub["default"]))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_cls, {"properties": set_defaults})
+
+
+_Validator = _with_defaults(jsonschema.Draft202012Validator)
+
+
+def validate(instance: dict, schema: dict, where: str) -> dict:
+    """Validate ``instance`` in place (defaults filled); ValueError naming ``where`` on failure."""
+    errors = sorted(_Validator(schema).iter_errors(instance), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [f"  {'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in errors[:10]]
+        raise ValueError(f"{where} is not a valid config:\n" + "\n".join(lines))
+    return instance
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def experiment_path(name_or_path: str | Path) -> Path:
+    """``experiments/<name>.yaml`` under the repo root, or the path itself if it is a file."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.is_file():
+        return p
+    return repo_root() / "experiments" / f"{name_or_path}.yaml"
+
+
+def load_experiment(name_or_path: str | Path, smoke: bool = False) -> dict:
+    """A validated experiment; with ``smoke`` its entry of experiments/smoke.yaml merged over it."""
+    path = experiment_path(name_or_path)
+    with open(path) as fh:
+        exp = yaml.safe_load(fh)
+    if smoke:
+        smoke_cfg = load_smoke()
+        name = exp.get("experiment")
+        if name not in smoke_cfg["experiments"]:
+            raise ValueError(f"experiments/smoke.yaml has no entry for experiment {name!r}")
+        exp = _deep_merge(exp, smoke_cfg["experiments"][name])
+    return validate(exp, load_schema("experiment"), str(path) + (" (smoke)" if smoke else ""))
+
+
+def load_smoke() -> dict:
+    """experiments/smoke.yaml, validated."""
+    path = repo_root() / "experiments" / "smoke.yaml"
+    with open(path) as fh:
+        return validate(yaml.safe_load(fh), load_schema("smoke"), str(path))
+
+
+def _slug(value) -> str:
+    text = str(value).lower().replace("true", "1").replace("false", "0")
+    return re.sub(r"[^a-z0-9.]+", "", text)
+
+
+def point_id(p: dict) -> str:
+    """Stable, file-name-safe id; e.g. ``selected-fsa-fwd-N65536-b1-hkv4-g4-d128-B64-T16-bf16``."""
+    if "cost_model" in p:
+        return f"{p['cost_model']}-N{p['N']}-hkv{p['h_kv']}-g{p['g']}-d{p['d']}-B{p['block_size']}-T{p['topk']}"
+    parts = [
+        p["op"].replace("_", ""),
+        _slug(p["impl"]),
+        _DIRECTION_TAGS[p["direction"]],
+        f"N{p['N']}",
+        f"b{p['batch']}",
+        f"hkv{p['h_kv']}",
+        f"g{p['g']}",
+        f"d{p['d']}",
+        f"B{p['block_size']}",
+        f"T{p['topk']}",
+        _DTYPE_TAGS[p["dtype"]],
+    ]
+    if p.get("window_size", 512) != 512:
+        parts.append(f"w{p['window_size']}")
+    parts += [f"{_slug(k)}{_slug(v)}" for k, v in sorted(p.get("options", {}).items())]
+    return "-".join(parts)
+
+
+def _expand_subgrid(sub: dict) -> list[dict]:
+    keys = list(sub)
+    points = []
+    for combo in itertools.product(*(sub[k] for k in keys)):
+        point = {}
+        for key, value in zip(keys, combo):
+            if isinstance(value, dict):
+                point.update(copy.deepcopy(value))
+            else:
+                point[key] = value
+        points.append(point)
+    return points
+
+
+def expand(exp: dict) -> list[dict]:
+    """Every point of the experiment's grid, validated, with ``id`` and ``experiment`` set.
+
+    Raises ValueError for a point that lacks a required parameter or duplicates another's id.
+    """
+    schema = load_schema("experiment")
+    params_schema = {"$defs": schema["$defs"], **schema["$defs"]["params"]}
+    required = KERNEL_REQUIRED if exp["runner"] == "kernel" else THEORY_REQUIRED
+    points, seen = [], {}
+    for i, sub in enumerate(exp["grid"]):
+        for raw in _expand_subgrid(sub):
+            p = validate({**copy.deepcopy(exp.get("defaults", {})), **raw}, params_schema, f"{exp['experiment']} grid[{i}]")
+            missing = [k for k in required if k not in p]
+            if missing:
+                raise ValueError(f"{exp['experiment']} grid[{i}]: point {raw} lacks {missing}")
+            p["experiment"] = exp["experiment"]
+            p["id"] = point_id(p)
+            if p["id"] in seen:
+                # Identical points from overlapping sub-grids are measured once.
+                if {k: v for k, v in seen[p["id"]].items() if k != "label"} != {k: v for k, v in p.items() if k != "label"}:
+                    raise ValueError(f"{exp['experiment']}: two different points share the id {p['id']}")
+                continue
+            seen[p["id"]] = p
+            points.append(p)
+    return points
+
+
+def find_point(exp: dict, pid: str) -> dict:
+    """The point of ``exp`` whose id is ``pid`` (ValueError listing a few ids otherwise)."""
+    for p in expand(exp):
+        if p["id"] == pid:
+            return p
+    ids = [p["id"] for p in expand(exp)]
+    raise ValueError(f"experiment {exp['experiment']!r} has no point {pid!r}; e.g. {ids[:3]}")

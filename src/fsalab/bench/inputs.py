@@ -1,0 +1,147 @@
+"""Benchmark inputs: random q/k/v and block indices from the real NSA compression path.
+
+Selected-attention kernels are timed on the block lists NSA itself would produce: compress_kv
+(random linear compression weights), compressed_attention and select_blocks on random N(0, 1)
+q/k/v, through ``fsalab.ops.compression`` when that module is available, else the fp32
+reference. Each result row records which one (``inputs.indices_from``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ..config import NSAConfig
+from ..ops import reference
+from ..varlen import local_positions
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+COMPRESSION_FUNCS = ("compress_kv", "compressed_attention", "select_blocks")
+
+
+def compression_module():
+    """(module, name): ``fsalab.ops.compression`` if it provides the three compression ops,
+    else the reference."""
+    try:
+        mod = importlib.import_module("fsalab.ops.compression")
+    except ImportError:
+        return reference, "fsalab.ops.reference"
+    if all(hasattr(mod, f) for f in COMPRESSION_FUNCS):
+        return mod, "fsalab.ops.compression"
+    return reference, "fsalab.ops.reference"
+
+
+def nsa_config(p: dict) -> NSAConfig:
+    """NSAConfig of a point (kernel_size, kernel_stride, block_size, topk, init/local blocks, window)."""
+    return NSAConfig(
+        kernel_size=p["kernel_size"],
+        kernel_stride=p["kernel_stride"],
+        block_size=p["block_size"],
+        topk=p["topk"],
+        init_blocks=p["init_blocks"],
+        local_blocks=p["local_blocks"],
+        window_size=p["window_size"],
+    )
+
+
+@dataclass
+class Inputs:
+    """Everything an op needs at one point.
+
+    tensors: q [total, h, d], k/v [total, h_kv, d], w_k/w_v [h_kv, l*d, d], pe [h_kv, l, d],
+    gate [total, h, 3] (gate logits); block_idx int32 [total, h_kv, topk]; cu_seqlens int32
+    [batch + 1]. ``info`` describes where block_idx came from.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    block_idx: torch.Tensor
+    cu_seqlens: torch.Tensor
+    cfg: NSAConfig
+    max_seqlen: int
+    info: dict = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.tensors["q"].shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tensors["q"].device
+
+    def prefix(self, m: int) -> "Inputs":
+        """The first m tokens as one sequence. For causal ops outputs on these rows depend only
+        on them, so a reference run on the prefix checks the full run's first m rows exactly."""
+        per_token = {"q", "k", "v", "gate"}
+        tensors = {n: (t[:m] if n in per_token else t) for n, t in self.tensors.items()}
+        cu = torch.tensor([0, m], dtype=torch.int32, device=self.device)
+        return replace(self, tensors=tensors, block_idx=self.block_idx[:m], cu_seqlens=cu, max_seqlen=m)
+
+
+def make_inputs(p: dict, device: torch.device, need_indices: bool = True) -> Inputs:
+    """Random inputs of point ``p`` (seeded by ``p['seed']``) and, with ``need_indices``, the
+    top-k block indices from the compression path."""
+    dtype = DTYPES[p["dtype"]]
+    cfg = nsa_config(p)
+    h_kv, g, d, n, batch = p["h_kv"], p["g"], p["d"], p["N"], p["batch"]
+    h, total, l = h_kv * g, n * batch, cfg.kernel_size
+    gen = torch.Generator(device=device).manual_seed(p["seed"])
+
+    def randn(*shape: int, std: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
+
+    tensors = {
+        "q": randn(total, h, d),
+        "k": randn(total, h_kv, d),
+        "v": randn(total, h_kv, d),
+        # Xavier-like scale keeps compressed keys at unit variance, so block scores are not flat.
+        "w_k": randn(h_kv, l * d, d, std=1 / math.sqrt(l * d)),
+        "w_v": randn(h_kv, l * d, d, std=1 / math.sqrt(l * d)),
+        "pe": randn(h_kv, l, d, std=0.02),
+        "gate": randn(total, h, 3),
+    }
+    cu = torch.arange(0, total + 1, n, dtype=torch.int32, device=device)
+    if not need_indices:
+        empty = torch.empty((total, h_kv, cfg.topk), dtype=torch.int32, device=device)
+        return Inputs(tensors, empty, cu, cfg, n, {"indices_from": "none (the op computes or needs no block indices)"})
+    mod, source = compression_module()
+    with torch.no_grad():
+        t = tensors
+        k_cmp, v_cmp, cu_cmp = mod.compress_kv(t["k"], t["v"], t["w_k"], t["w_v"], t["pe"], cu, cfg)
+        _, lse_cmp = mod.compressed_attention(t["q"], k_cmp, v_cmp, cu, cu_cmp, cfg)
+        block_idx = mod.select_blocks(t["q"], k_cmp, lse_cmp, cu, cu_cmp, cfg).to(torch.int32).contiguous()
+    valid = (block_idx >= 0).sum(-1).float().mean().item()
+    info = {
+        "indices_from": f"compression path ({source}: compress_kv, compressed_attention, select_blocks) "
+        f"on random N(0,1) q/k/v, seed {p['seed']}",
+        "compression_module": source,
+        "mean_selected_blocks": valid,
+    }
+    return Inputs(tensors, block_idx, cu, cfg, n, info)
+
+
+def attended_keys(inputs: Inputs) -> dict[str, float]:
+    """Causally attended keys summed over tokens and query heads, per branch (for useful FLOPs).
+
+    selected: full blocks before the own block count B keys, the own block pos % B + 1;
+    window: min(pos + 1, w); full: pos + 1; compressed: visible compressed tokens
+    floor((pos - l + 1) / s) + 1 for pos >= l - 1.
+    """
+    cfg, total = inputs.cfg, inputs.total
+    h = inputs.tensors["q"].shape[1]
+    g = h // inputs.tensors["k"].shape[1]
+    pos = local_positions(inputs.cu_seqlens, total).double()
+    own = torch.div(pos, cfg.block_size, rounding_mode="floor")[:, None, None]
+    blk = inputs.block_idx.double()
+    keys = torch.where(blk < 0, 0.0, torch.where(blk < own, float(cfg.block_size), (pos % cfg.block_size + 1)[:, None, None]))
+    visible_cmp = torch.where(
+        pos >= cfg.kernel_size - 1, torch.div(pos - cfg.kernel_size + 1, cfg.kernel_stride, rounding_mode="floor") + 1, 0.0
+    )
+    return {
+        "selected": keys.sum().item() * g,
+        "window": torch.clamp(pos + 1, max=cfg.window_size).sum().item() * h,
+        "full_attention": (pos + 1).sum().item() * h,
+        "compressed": visible_cmp.sum().item() * h,
+    }

@@ -1,0 +1,189 @@
+"""Kernel-level benchmark runner: one grid point -> one result row (a JSON file).
+
+For each point: bind the op/impl (``ops.bind``), build inputs (``inputs.make_inputs``: block
+indices from the compression path), check correctness once against the reference
+(``check.check``), time the requested direction (``timing.measure``), measure peak memory, and
+write ``results/<platform>/<experiment>/<point>.json`` with the DESIGN §2 columns, the samples
+and the provenance. Every failure becomes a row: ``unsupported`` (op/impl not available or
+rejecting the configuration), ``oom``, or ``error`` (with the message; a failed correctness
+check is an error too). The runner never plots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from . import ops
+from .check import check, with_leaves
+from .inputs import attended_keys, make_inputs
+from .provenance import detect_platform, provenance
+from .timing import measure, peak_memory
+
+STATUSES = ("ok", "oom", "error", "unsupported")
+# DESIGN §2: every aggregated table has at least these columns, in this order.
+COLUMNS = (
+    "experiment", "op", "impl", "direction", "model", "N", "batch", "h", "h_kv", "g", "d",
+    "block_size", "topk", "dtype", "median_ms", "p20_ms", "p80_ms", "n_samples",
+    "useful_tflops", "peak_mem_gib", "status",
+)
+_PARAM_KEYS = (
+    "kernel_size", "kernel_stride", "window_size", "init_blocks", "local_blocks", "seed", "label", "options",
+)
+
+
+def result_path(results_dir: str | Path, platform: str, experiment: str, point_id: str) -> Path:
+    """``<results_dir>/<platform>/<experiment>/<point_id>.json``."""
+    return Path(results_dir) / platform / experiment / f"{point_id}.json"
+
+
+def _base_row(p: dict, platform: str) -> dict:
+    row = {c: None for c in COLUMNS}
+    row.update({k: p.get(k) for k in COLUMNS if k in p})
+    row.update(
+        experiment=p["experiment"], point=p["id"], h=p["h_kv"] * p["g"], model=p.get("model", ""),
+        platform=platform, status=None, message="",
+    )
+    row.update({k: p.get(k) for k in _PARAM_KEYS})
+    return row
+
+
+@contextlib.contextmanager
+def _value_checks_off():
+    """Time kernels without fsalab's input-value checks (the launch path then has no extra ops)."""
+    old = os.environ.get("FSALAB_VALUE_CHECKS")
+    os.environ["FSALAB_VALUE_CHECKS"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("FSALAB_VALUE_CHECKS", None)
+        else:
+            os.environ["FSALAB_VALUE_CHECKS"] = old
+
+
+def _timed_callable(bound: ops.BoundOp, inputs, direction: str, seed: int):
+    """A zero-argument callable that launches the measured work for ``direction``."""
+    if direction == "fwd":
+
+        def fwd():
+            with torch.no_grad():
+                return bound.fn(inputs)[0]
+
+        return fwd
+    x = with_leaves(inputs, bound.grad_args)
+    leaves = [x.tensors[n] for n in bound.grad_args]
+    o = bound.fn(x)[0]
+    gen = torch.Generator(device=o.device).manual_seed(seed + 2)
+    do = torch.randn(o.shape, generator=gen, device=o.device, dtype=torch.float32).to(o.dtype)
+    if direction == "bwd":
+        return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True, allow_unused=True)
+    del o
+    return lambda: torch.autograd.grad(bound.fn(x)[0], leaves, do, allow_unused=True)
+
+
+def _classify(exc: BaseException) -> str:
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return "oom"
+    if isinstance(exc, (ops.Unsupported, NotImplementedError, ValueError)):
+        return "unsupported"
+    if isinstance(exc, TypeError) and "keyword argument" in str(exc):
+        return "unsupported"  # an impl that lacks a requested switch (ablation options)
+    return "error"
+
+
+def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
+    """Measure one point of experiment ``exp``; always returns a row (never raises for the op)."""
+    platform = platform or detect_platform()
+    row = _base_row(p, platform)
+    timing_cfg, check_cfg = exp.get("timing", {}), exp.get("check", {})
+    started = time.time()
+    try:
+        bound = ops.bind(p["op"], p["impl"], p.get("options"))
+        row["sources"] = bound.sources
+        inputs = make_inputs(p, device, need_indices=bound.need_indices)
+        row["inputs"] = inputs.info
+        keys = attended_keys(inputs)
+        rows_cmp = p["batch"] * inputs.cfg.num_compressed(p["N"])
+        flops = ops.useful_flops(p["op"], keys, p["d"], inputs.cfg, p["h_kv"], rows_cmp)
+        row["useful_flops"] = flops * ops.DIRECTION_FLOP_FACTOR[p["direction"]]
+        if check_cfg.get("enabled", True):
+            row["check"] = check(bound, inputs, p["direction"], check_cfg.get("max_tokens", 4096),
+                                 check_cfg.get("factor", 2.0), p["seed"])
+        else:
+            row["check"] = {"status": "skipped"}
+        with _value_checks_off():
+            fn = _timed_callable(bound, inputs, p["direction"], p["seed"])
+            t = measure(
+                fn, device, timing_cfg.get("method", "auto"), timing_cfg.get("warmup_ms", 25),
+                timing_cfg.get("rep_ms", 100), timing_cfg.get("warmup", 1), timing_cfg.get("repeats", 3),
+            )
+            mem = peak_memory(fn, device) if timing_cfg.get("memory", True) else {}
+        row.update(t.summary())
+        row["samples_ms"] = t.samples_ms
+        row["timing"] = {"method": t.method, **t.settings}
+        row.update(mem)
+        row["useful_tflops"] = row["useful_flops"] / (row["median_ms"] * 1e-3) / 1e12 if row["median_ms"] > 0 else None
+        if row["check"]["status"] == "fail":
+            row["status"], row["message"] = "error", "correctness check failed: " + row["check"].get("message", "")
+        else:
+            row["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - every failure of the measured op becomes a row
+        row["status"] = _classify(exc)
+        row["message"] = f"{type(exc).__name__}: {exc}"[:4000]
+        if row["status"] == "error":
+            row["traceback"] = traceback.format_exc()[-4000:]
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    row["elapsed_s"] = round(time.time() - started, 3)
+    row["provenance"] = provenance()
+    return row
+
+
+def _json_safe(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def write_row(row: dict, path: str | Path) -> Path:
+    """Write ``row`` as JSON atomically (a sweep killed mid-write leaves no half file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_json_safe(row), indent=1, allow_nan=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def run_points(
+    points: list[dict], exp: dict, device: torch.device, results_dir: str | Path, platform: str | None = None,
+    skip_existing: bool = False, stream=sys.stderr,
+) -> list[Path]:
+    """Run points in this process, one file each, printing progress (index, status, latency, ETA)."""
+    platform = platform or detect_platform()
+    written, t0 = [], time.time()
+    for i, p in enumerate(points, 1):
+        path = result_path(results_dir, platform, p["experiment"], p["id"])
+        if skip_existing and path.exists():
+            print(f"[{i}/{len(points)}] {p['id']}: exists, skipped", file=stream, flush=True)
+            continue
+        row = run_point(p, exp, device, platform)
+        written.append(write_row(row, path))
+        eta = (time.time() - t0) / i * (len(points) - i)
+        lat = f"{row['median_ms']:.3f} ms" if row.get("median_ms") is not None else row["message"][:80]
+        print(f"[{i}/{len(points)}] {p['id']}: {row['status']} {lat} (eta {eta:.0f} s)", file=stream, flush=True)
+    return written

@@ -1,0 +1,237 @@
+"""The ops a kernel benchmark can time, each bound to an implementation and to its reference.
+
+op              impl                                  what one call computes
+selected        reference | nsa | fsa_paper | fsa |   selected attention on fixed block indices
+                auto (fsalab.ops.selection)
+compressed      reference | triton                    compress_kv + compressed_attention +
+                                                      select_blocks (the whole compression branch)
+window          reference | any backend of            sliding-window attention
+                fsalab.ops.window (auto, triton, flash_attn)
+full_attention  reference | any impl of fsalab.ops.full   causal full attention (the baseline)
+                (sdpa_flash, sdpa_cudnn, flash_attn, triton, sdpa_math)
+nsa_attention   reference | a selected impl           all three branches + gates; compression
+                                                      and window use fsalab's kernels
+
+An implementation that does not exist yet (module not landed, impl not registered) raises
+``Unsupported`` at bind time, so the runner writes an ``unsupported`` row instead of crashing.
+The reference side is what the correctness check compares against (``fsalab.ops.reference``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..ops import reference
+from .inputs import Inputs, compression_module
+
+OPS = ("selected", "compressed", "window", "full_attention", "nsa_attention")
+# Gradients flow to these inputs (compression weights only where the op compresses).
+_GRAD_ARGS = {
+    "selected": ("q", "k", "v"),
+    "compressed": ("q", "k", "v", "w_k", "w_v", "pe"),
+    "window": ("q", "k", "v"),
+    "full_attention": ("q", "k", "v"),
+    "nsa_attention": ("q", "k", "v", "w_k", "w_v", "pe", "gate"),
+}
+
+
+class Unsupported(Exception):
+    """The requested op/impl is not available in this checkout or on this machine."""
+
+
+@dataclass
+class BoundOp:
+    """``fn(inputs) -> (o, aux)`` runs the op once; ``reference(inputs, aux) -> o`` is its fp32
+    reference (aux carries data the reference must share, e.g. the kernel's block choice)."""
+
+    op: str
+    impl: str
+    fn: Callable[[Inputs], tuple[torch.Tensor, object]]
+    reference: Callable[[Inputs, object], torch.Tensor]
+    need_indices: bool
+    sources: dict = field(default_factory=dict)
+
+    @property
+    def grad_args(self) -> tuple[str, ...]:
+        return _GRAD_ARGS[self.op]
+
+
+def _first(out) -> torch.Tensor:
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _import(module: str, attr: str):
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise Unsupported(f"{module}.{attr} is not available: {exc}") from exc
+
+
+def _selected_fn(impl: str, options: dict) -> Callable:
+    """selected_attention(q, k, v, block_idx, cu_seqlens, block_size) -> (o, lse) for ``impl``."""
+    from ..ops import selection
+
+    try:
+        fn = selection.resolve(impl)
+    except ValueError as exc:
+        raise Unsupported(str(exc)) from exc
+    if not options:
+        return lambda q, k, v, idx, cu, bs: selection.selected_attention(q, k, v, idx, cu, bs, impl=impl)
+    # Ablation switches (inner_loop=, early_return=) go to the implementation function itself.
+    return lambda q, k, v, idx, cu, bs: fn(q, k, v, idx, cu, bs, None, **options)
+
+
+def _ref_selected(x: Inputs, block_idx: torch.Tensor) -> torch.Tensor:
+    t = x.tensors
+    return reference.selected_attention(t["q"], t["k"], t["v"], block_idx, x.cu_seqlens, x.cfg.block_size)[0]
+
+
+def _ref_compressed(x: Inputs) -> tuple[torch.Tensor, ...]:
+    t = x.tensors
+    k_cmp, v_cmp, cu_cmp = reference.compress_kv(t["k"], t["v"], t["w_k"], t["w_v"], t["pe"], x.cu_seqlens, x.cfg)
+    o, lse = reference.compressed_attention(t["q"], k_cmp, v_cmp, x.cu_seqlens, cu_cmp, x.cfg)
+    return o, lse, k_cmp, v_cmp, cu_cmp
+
+
+def _ref_window(x: Inputs, window: int | None = None) -> torch.Tensor:
+    t = x.tensors
+    w = window if window is not None else x.cfg.window_size
+    return reference.window_attention(t["q"], t["k"], t["v"], x.cu_seqlens, w)[0]
+
+
+def _ref_nsa(x: Inputs, block_idx: torch.Tensor) -> torch.Tensor:
+    o_cmp = _ref_compressed(x)[0]
+    return reference.gated_sum(o_cmp, _ref_selected(x, block_idx), _ref_window(x), x.tensors["gate"])
+
+
+def _bind_selected(impl: str, options: dict) -> BoundOp:
+    sel = _selected_fn(impl, options)
+
+    def fn(x: Inputs):
+        t = x.tensors
+        return _first(sel(t["q"], t["k"], t["v"], x.block_idx, x.cu_seqlens, x.cfg.block_size)), None
+
+    return BoundOp("selected", impl, fn, lambda x, aux: _ref_selected(x, x.block_idx), True, {"selected": impl})
+
+
+def _compression_impl(impl: str):
+    if impl == "reference":
+        return reference, "fsalab.ops.reference"
+    if impl != "triton":
+        raise Unsupported(f"compressed impl must be 'reference' or 'triton', got {impl!r}")
+    mod, source = compression_module()
+    if source != "fsalab.ops.compression":
+        raise Unsupported("fsalab.ops.compression (the Triton compression kernels) is not available")
+    return mod, source
+
+
+def _compress_and_select(mod, x: Inputs):
+    t, cfg, cu = x.tensors, x.cfg, x.cu_seqlens
+    k_cmp, v_cmp, cu_cmp = mod.compress_kv(t["k"], t["v"], t["w_k"], t["w_v"], t["pe"], cu, cfg)
+    o_cmp, lse_cmp = mod.compressed_attention(t["q"], k_cmp, v_cmp, cu, cu_cmp, cfg)
+    block_idx = mod.select_blocks(t["q"], k_cmp, lse_cmp, cu, cu_cmp, cfg)
+    return o_cmp, block_idx.to(torch.int32)
+
+
+def _bind_compressed(impl: str, options: dict) -> BoundOp:
+    mod, source = _compression_impl(impl)
+    return BoundOp(
+        "compressed", impl, lambda x: _compress_and_select(mod, x), lambda x, aux: _ref_compressed(x)[0], False,
+        {"compression": source},
+    )
+
+
+def _window_fn(impl: str) -> Callable:
+    if impl == "reference":
+        return lambda q, k, v, cu, w: reference.window_attention(q, k, v, cu, w)
+    win = _import("fsalab.ops.window", "window_attention")
+    return lambda q, k, v, cu, w: win(q, k, v, cu, w, backend=impl)
+
+
+def _bind_window(impl: str, options: dict) -> BoundOp:
+    win = _window_fn(impl)
+
+    def fn(x: Inputs):
+        t = x.tensors
+        return _first(win(t["q"], t["k"], t["v"], x.cu_seqlens, x.cfg.window_size)), None
+
+    return BoundOp("window", impl, fn, lambda x, aux: _ref_window(x), False, {"window": impl})
+
+
+def _bind_full(impl: str, options: dict) -> BoundOp:
+    if impl == "reference":
+
+        def fn(x: Inputs):
+            return _ref_window(x, window=x.total), None
+
+    else:
+        full = _import("fsalab.ops.full", "full_attention")
+
+        def fn(x: Inputs):
+            t = x.tensors
+            return _first(full(t["q"], t["k"], t["v"], x.cu_seqlens, max_seqlen=x.max_seqlen, impl=impl)), None
+
+    return BoundOp("full_attention", impl, fn, lambda x, aux: _ref_window(x, window=x.total), False, {"full": impl})
+
+
+def _bind_nsa(impl: str, options: dict) -> BoundOp:
+    if impl == "reference":
+        mod, win, sel = reference, _window_fn("reference"), _selected_fn("reference", {})
+    else:
+        mod, _ = _compression_impl("triton")
+        win, sel = _window_fn("auto"), _selected_fn(impl, options)
+
+    def fn(x: Inputs):
+        t = x.tensors
+        o_cmp, block_idx = _compress_and_select(mod, x)
+        o_slc = _first(sel(t["q"], t["k"], t["v"], block_idx, x.cu_seqlens, x.cfg.block_size))
+        o_win = _first(win(t["q"], t["k"], t["v"], x.cu_seqlens, x.cfg.window_size))
+        return reference.gated_sum(o_cmp, o_slc, o_win, t["gate"]), block_idx
+
+    sources = {"selected": impl, "compression": "reference" if impl == "reference" else "triton",
+               "window": "reference" if impl == "reference" else "auto"}
+    return BoundOp("nsa_attention", impl, fn, _ref_nsa, False, sources)
+
+
+_BINDERS = {
+    "selected": _bind_selected,
+    "compressed": _bind_compressed,
+    "window": _bind_window,
+    "full_attention": _bind_full,
+    "nsa_attention": _bind_nsa,
+}
+
+
+def bind(op: str, impl: str, options: dict | None = None) -> BoundOp:
+    """The callable pair for (op, impl); ``Unsupported`` when it cannot run here."""
+    if op not in _BINDERS:
+        raise Unsupported(f"op must be one of {OPS}, got {op!r}")
+    return _BINDERS[op](impl, dict(options or {}))
+
+
+def useful_flops(op: str, keys: dict[str, float], d: int, cfg, h_kv: int, rows_cmp: float) -> float:
+    """Forward FLOPs of the work the op must do (2 per multiply-add; causal keys only).
+
+    Attention: 4·d per (query head, attended key) — QKᵀ and PV. Compression adds the two linear
+    maps, 2·(l·d)·d·2 per compressed token and KV head (``rows_cmp`` compressed tokens), and
+    block scoring recomputes QKᵀ over the visible compressed keys (2·d per head and key).
+    """
+    attn = {name: 4 * d * n for name, n in keys.items()}
+    compression = 4 * cfg.kernel_size * d * d * h_kv * rows_cmp + attn["compressed"] * 1.5
+    if op == "selected":
+        return attn["selected"]
+    if op == "window":
+        return attn["window"]
+    if op == "full_attention":
+        return attn["full_attention"]
+    if op == "compressed":
+        return compression
+    return compression + attn["selected"] + attn["window"]
+
+
+# Backward costs 2.5x the forward (FlashAttention's convention: 5 matmuls against 2).
+DIRECTION_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}

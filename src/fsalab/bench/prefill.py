@@ -1,0 +1,109 @@
+"""End-to-end prefill benchmark (FSA Fig. 6): one forward pass over B sequences of N tokens in
+fp16 (the paper's inference precision), full depth on one GPU by default.
+
+A step is ``model(input_ids, use_cache=False, logits_to_keep=1)`` under ``torch.inference_mode``:
+every layer over all N tokens, the LM head on the last token only (what prefill needs to start
+decoding). No KV cache is written (the NSA adapter keeps none; the full-attention baseline is run
+the same way so both sides do the same work). Attention vs MLP: one layer's attention module and
+MLP timed in isolation (fwd), times L. With ``layers`` < full depth the row adds a labelled
+``full_depth_ms`` estimate = slice + (L_full - L) x one layer's forward.
+
+Points, rows, failures and the command line are shared with ``fsalab.bench.train``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from .train import (
+    _DTYPES,
+    base_row,
+    build_patched_model,
+    fail_row,
+    layer_part_times,
+    linear_params,
+    random_batch,
+    release,
+    run_cli,
+    split_columns,
+    timed,
+    value_checks_off,
+)
+
+# Prefill defaults over the shared ones: the whole model, fp16.
+PREFILL_DEFAULTS = {"layers": None}
+
+
+def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
+    """Measure one prefill point; always returns a row."""
+    from ..models.patch import attention_context
+    from .provenance import detect_platform, provenance
+
+    platform = platform or detect_platform()
+    row = base_row(p, "prefill", "fwd", platform)
+    timing = {"warmup": 2, "repeats": 5, **exp.get("timing", {})}
+    dtype = _DTYPES[p["dtype"]]
+    started = time.time()
+    lm = None
+    try:
+        lm = build_patched_model(p, device, dtype)
+        lm.eval()
+        ids, _ = random_batch(lm.config.vocab_size, p["batch"], p["N"], device, p["seed"])
+        last = []
+
+        def prefill():
+            with torch.inference_mode(), attention_context(p["impl"]):
+                logits = lm(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+            last.append(logits)
+
+        with value_checks_off():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            t = timed(prefill, device, timing)
+            peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+            finite = bool(torch.isfinite(last[-1]).all())
+            last.clear()
+            parts = layer_part_times(lm, p, device, dtype, timing, train=False) if p["split"] else None
+        row.update(t.summary())
+        row["samples_ms"] = t.samples_ms
+        row["timing"] = {"method": t.method, **t.settings, "scope": "forward of all layers + LM head on the last token"}
+        row["peak_mem_gib"] = peak
+        row["peak_mem_kind"] = "max_memory_allocated over the timed forwards (weights and activations)"
+        row["check"] = {"status": "pass" if finite else "fail", "what": "finite last-token logits"}
+        row["tokens_per_s"] = p["batch"] * p["N"] / (row["median_ms"] * 1e-3)
+        flops = 2 * linear_params(lm, include_head=False) * p["batch"] * p["N"]
+        row["useful_tflops"] = flops / (row["median_ms"] * 1e-3) / 1e12
+        row["useful_flops_kind"] = "2 x linear-layer params (LM head excluded) x tokens; attention excluded"
+        layers, layers_full = row["layers"], row["layers_full"]
+        if parts is not None:
+            row["split"] = parts
+            row.update(split_columns(parts, layers, layers_full, False, False))
+        if layers == layers_full:
+            row["full_depth_ms"], row["full_depth_kind"] = row["median_ms"], "measured"
+        elif parts is not None:
+            row["full_depth_ms"] = row["median_ms"] + (layers_full - layers) * parts["layer_fwd_ms"]
+            row["full_depth_kind"] = "estimate: slice forward + (L_full - L) x isolated layer forward"
+        row["status"] = "ok" if finite else "error"
+        if not finite:
+            row["message"] = "non-finite logits"
+    except Exception as exc:  # noqa: BLE001 - every failure of a point becomes a row
+        fail_row(row, exc)
+    finally:
+        lm = None
+        release(device)
+    row["elapsed_s"] = round(time.time() - started, 3)
+    row["provenance"] = provenance()
+    return row
+
+
+def main(argv=None) -> int:
+    """``fsalab bench-prefill``: one point, a whole experiment, or an ad-hoc point from flags."""
+    return run_cli(argv, run_point, "prefill", "float16", PREFILL_DEFAULTS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

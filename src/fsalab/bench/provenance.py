@@ -1,0 +1,140 @@
+"""Where a measurement came from: platform name, hardware, software versions, git state.
+
+Every result file embeds ``provenance()`` so a number can be traced to the machine, the code
+and the library versions that produced it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import platform as _platform
+import re
+import subprocess
+from datetime import datetime, timezone
+
+import torch
+
+from .grid import REPO_ROOT
+
+# GPU name fragments -> platform name; the first match wins (order matters: "h200" before "h20").
+_GPU_PLATFORMS = (
+    ("h200", "h200"),
+    ("h100", "h100"),
+    ("h800", "h800"),
+    ("h20", "h20"),
+    ("gh200", "gh200"),
+    ("b200", "b200"),
+    ("a100", "a100"),
+    ("a800", "a800"),
+    ("l40", "l40"),
+    ("4090", "rtx4090"),
+)
+
+
+
+def interpreter_active() -> bool:
+    """True when Triton kernels run through the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def gpu_name() -> str | None:
+    """Name of CUDA device 0, or None without a usable CUDA device."""
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def platform_from_gpu_name(name: str) -> str:
+    """Short platform name of a GPU: 'NVIDIA H200' -> 'h200'; unknown GPUs get a slug of their name."""
+    lowered = name.lower()
+    # Match "h200" in "nvidia h200" but not "h20" inside "h200": compare against whole tokens first.
+    tokens = re.split(r"[^a-z0-9]+", lowered)
+    for fragment, plat in _GPU_PLATFORMS:
+        if fragment in tokens:
+            return plat
+    for fragment, plat in _GPU_PLATFORMS:
+        if fragment in lowered:
+            return plat
+    slug = re.sub(r"[^a-z0-9]+", "-", lowered.replace("nvidia", "")).strip("-")
+    return slug or "gpu"
+
+
+def detect_platform() -> str:
+    """Platform name used in ``results/<platform>/``: ``$FSALAB_PLATFORM`` if set, else the GPU
+    (``h200``, ``a100``, ...), else ``cpu-interpret`` (Triton interpreter) or ``cpu``."""
+    override = os.environ.get("FSALAB_PLATFORM")
+    if override:
+        return override
+    name = gpu_name()
+    if name is not None:
+        return platform_from_gpu_name(name)
+    return "cpu-interpret" if interpreter_active() else "cpu"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def git_state() -> dict:
+    """Commit hash and dirtiness of the checkout the package runs from (None outside git)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+@functools.lru_cache(maxsize=1)
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+
+
+def provenance() -> dict:
+    """Machine, software and code state, JSON-serialisable."""
+    info = {
+        "platform": detect_platform(),
+        "hostname": _platform.node(),
+        "python": _platform.python_version(),
+        "os": _platform.platform(),
+        "cpu": _platform.processor() or _platform.machine(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "flash_attn": _version("flash-attn") or _version("flash_attn"),
+        "fsalab": _version("fsalab"),
+        "cuda": torch.version.cuda,
+        "triton_interpret": interpreter_active(),
+        "gpu": gpu_name(),
+        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "driver": _driver_version() if torch.cuda.is_available() else None,
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **git_state(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu_memory_gib"] = round(props.total_memory / 2**30, 2)
+        info["gpu_sm_count"] = props.multi_processor_count
+        info["gpu_capability"] = f"{props.major}.{props.minor}"
+    return info

@@ -1,0 +1,273 @@
+"""``fsalab`` command line: environment report, benchmark runners, aggregation, notebooks.
+
+    fsalab env                                   platform, GPU, versions as JSON
+    fsalab points --experiment kernel [--smoke]  the grid's point ids
+    fsalab bench-kernel --experiment kernel --point ID            one grid point -> one JSON
+    fsalab bench-kernel --experiment kernel --op selected --impl fsa --N 65536 --g 4 ...
+    fsalab bench-kernel --experiment kernel --all [--skip-existing]   the whole grid, in-process
+    fsalab bench-train|bench-prefill|bench-convergence ...   end-to-end runners (fsalab.bench.*)
+    fsalab theory --experiment theory --out results/<platform>/theory.csv
+    fsalab aggregate --experiment kernel [--platform h200]        -> results/<platform>/kernel.csv
+    fsalab notebook analysis/kernel.ipynb --platform h200 --figures paper_figures
+    fsalab reproduction --platform h200 --out REPRODUCTION.md
+
+Without a CUDA device, Triton kernels run through the interpreter (TRITON_INTERPRET=1 is set
+before anything imports triton) and results go to ``results/cpu-interpret/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _prepare_device():
+    """The benchmark device; selects the Triton interpreter when there is no CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+def cmd_env(args) -> int:
+    _prepare_device()
+    from .bench.provenance import provenance
+
+    print(json.dumps(provenance(), indent=2))
+    return 0
+
+
+def _load(args):
+    from .bench import grid
+
+    return grid.load_experiment(args.experiment, smoke=args.smoke)
+
+
+def cmd_points(args) -> int:
+    from .bench import grid
+
+    for p in grid.expand(_load(args)):
+        print(p["id"])
+    return 0
+
+
+def _parse_option(text: str):
+    key, _, value = text.partition("=")
+    if not key or not _:
+        raise argparse.ArgumentTypeError(f"--option expects key=value, got {text!r}")
+    import yaml
+
+    return key, yaml.safe_load(value)
+
+
+_PARAM_FLAGS = ("op", "impl", "direction", "N", "batch", "h_kv", "g", "d", "block_size", "topk",
+                "kernel_size", "kernel_stride", "window_size", "dtype", "seed", "label")
+
+
+def _point_from_args(args, exp: dict) -> dict | None:
+    """A point from --point (id or a JSON/YAML file) or from parameter flags; None if neither."""
+    from .bench import grid
+
+    if args.point:
+        path = Path(args.point)
+        if path.suffix in (".json", ".yaml", ".yml") and path.is_file():
+            import yaml
+
+            raw = yaml.safe_load(path.read_text())
+        else:
+            return grid.find_point(exp, args.point)
+    else:
+        raw = {k: getattr(args, k) for k in _PARAM_FLAGS if getattr(args, k) is not None}
+        if args.option:
+            raw["options"] = dict(args.option)
+        if not raw:
+            return None
+    one = dict(exp, grid=[{k: [v] for k, v in raw.items()}])
+    return grid.expand(one)[0]
+
+
+def cmd_bench_kernel(args) -> int:
+    device = _prepare_device()
+    from .bench import grid, kernel
+    from .bench.provenance import detect_platform
+
+    if args.platform:
+        os.environ["FSALAB_PLATFORM"] = args.platform
+    exp = _load(args)
+    if exp["runner"] != "kernel":
+        print(f"experiment {exp['experiment']!r} uses the {exp['runner']!r} runner, not bench-kernel", file=sys.stderr)
+        return 2
+    platform = detect_platform()
+    point = _point_from_args(args, exp)
+    if point is None:
+        if not args.all:
+            print("give --point, parameter flags (--op --impl --N --g ...), or --all", file=sys.stderr)
+            return 2
+        import re
+
+        points = [p for p in grid.expand(exp) if re.search(args.filter, p["id"])]
+        kernel.run_points(points, exp, device, args.results_dir, platform, args.skip_existing)
+        return 0
+    row = kernel.run_point(point, exp, device, platform)
+    out = args.out or kernel.result_path(args.results_dir, platform, point["experiment"], point["id"])
+    kernel.write_row(row, out)
+    median = f"{row['median_ms']:.4f} ms" if row.get("median_ms") is not None else row["message"][:200]
+    print(f"{point['id']}: {row['status']} {median} -> {out}", file=sys.stderr)
+    return 0
+
+
+# `fsalab bench-<runner> ...` -> fsalab.bench.<module>.main(argv): end-to-end runners own their flags.
+FORWARDED = {"bench-train": "train", "bench-prefill": "prefill", "bench-convergence": "convergence"}
+
+
+def forward(command: str, argv: list[str]) -> int:
+    import importlib
+
+    return importlib.import_module(f"fsalab.bench.{FORWARDED[command]}").main(argv)
+
+
+def cmd_theory(args) -> int:
+    from .bench import grid
+    from .theory import table
+
+    exp = _load(args)
+    if exp["runner"] != "theory":
+        print(f"experiment {exp['experiment']!r} is not a theory experiment", file=sys.stderr)
+        return 2
+    import pandas as pd
+
+    rows = []
+    for p in grid.expand(exp):
+        for r in table([p["N"]], [p["g"]], [(p["block_size"], p["topk"])], p["h_kv"], p["d"], [p["cost_model"]]):
+            rows.append({"experiment": exp["experiment"], "op": "selected", "direction": "fwd", "model": "",
+                         "batch": 1, "dtype": "bfloat16", "status": "ok", "point": p["id"], **r})
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(out, index=False)
+    print(f"{len(rows)} rows -> {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_aggregate(args) -> int:
+    from . import results
+
+    platform = args.platform or _detect_platform_quiet()
+    for exp in args.experiment:
+        out = results.aggregate(platform, exp, args.results_dir, args.out if len(args.experiment) == 1 else None)
+        print(f"{out}", file=sys.stderr)
+    return 0
+
+
+def _detect_platform_quiet() -> str:
+    _prepare_device()
+    from .bench.provenance import detect_platform
+
+    return detect_platform()
+
+
+def cmd_notebook(args) -> int:
+    import nbformat
+    from nbclient import NotebookClient
+
+    from .bench.grid import repo_root
+
+    os.environ["FSALAB_PLATFORM_RESULTS"] = args.platform
+    os.environ["FSALAB_FIGURES"] = str(Path(args.figures).resolve())
+    if args.results_dir:
+        os.environ["FSALAB_RESULTS"] = str(Path(args.results_dir).resolve())
+    nb = nbformat.read(args.notebook, as_version=4)
+    client = NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(repo_root())}})
+    client.execute()
+    if args.executed:
+        Path(args.executed).parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, args.executed)
+    return 0
+
+
+def cmd_reproduction(args) -> int:
+    from .reproduction import write_reproduction
+
+    out = write_reproduction(args.platform, args.out, args.results_dir, args.figures)
+    print(f"{out}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fsalab", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("env", help="platform, GPU, driver and library versions as JSON").set_defaults(func=cmd_env)
+
+    def experiment_args(p):
+        p.add_argument("--experiment", required=True, help="experiments/<name>.yaml (a name or a path)")
+        p.add_argument("--smoke", action="store_true", help="use the tiny grid of experiments/smoke.yaml")
+
+    p = sub.add_parser("points", help="list the point ids of an experiment")
+    experiment_args(p)
+    p.set_defaults(func=cmd_points)
+
+    p = sub.add_parser("bench-kernel", help="measure kernel-level points (selected, compressed, window, full, nsa)")
+    experiment_args(p)
+    p.add_argument("--point", help="a point id of the experiment, or a JSON/YAML file of parameters")
+    p.add_argument("--all", action="store_true", help="run every point of the grid in this process")
+    p.add_argument("--skip-existing", action="store_true", help="with --all: keep result files already there")
+    p.add_argument("--filter", default=".", help="with --all: only point ids matching this regular expression")
+    p.add_argument("--out", help="result file (default results/<platform>/<experiment>/<point>.json)")
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--platform", help="override the detected platform name")
+    for flag in _PARAM_FLAGS:
+        kind = str if flag in ("op", "impl", "direction", "dtype", "label") else int
+        p.add_argument(f"--{flag.replace('_', '-')}" if flag != "N" else "--N", dest=flag, type=kind)
+    p.add_argument("--option", action="append", type=_parse_option, help="impl switch key=value (repeatable)")
+    p.set_defaults(func=cmd_bench_kernel)
+
+    for name, module in FORWARDED.items():  # listed for --help; main() forwards them before parsing
+        sub.add_parser(name, help=f"end-to-end runner fsalab.bench.{module} (see `fsalab {name} --help`)")
+
+    p = sub.add_parser("theory", help="memory/FLOP model table of a theory experiment")
+    experiment_args(p)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_theory)
+
+    p = sub.add_parser("aggregate", help="point files -> results/<platform>/<experiment>.csv")
+    p.add_argument("--experiment", nargs="+", required=True)
+    p.add_argument("--platform")
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--out", help="output CSV (one experiment only)")
+    p.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("notebook", help="execute an analysis notebook headless")
+    p.add_argument("notebook")
+    p.add_argument("--platform", required=True, help="results/<platform>/ to read")
+    p.add_argument("--figures", required=True, help="folder for figures and tables")
+    p.add_argument("--results-dir")
+    p.add_argument("--executed", help="where to save the executed notebook")
+    p.add_argument("--timeout", type=int, default=900, help="per-cell timeout in seconds")
+    p.set_defaults(func=cmd_notebook)
+
+    p = sub.add_parser("reproduction", help="write REPRODUCTION.md from results")
+    p.add_argument("--platform", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--results-dir")
+    p.add_argument("--figures", help="folder holding the figures to link")
+    p.set_defaults(func=cmd_reproduction)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (``fsalab``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in FORWARDED:
+        return forward(argv[0], argv[1:])
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

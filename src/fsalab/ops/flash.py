@@ -1,0 +1,651 @@
+"""Generic varlen, GQA FlashAttention-2 kernels (forward with lse; backward dq, dk, dv) in Triton.
+
+One kernel family serves every dense-mask branch of fsalab through a positional mask. Key j of
+a sequence sits at position ``p_j = j * key_stride + key_offset`` on the query axis, and query t
+(local position) sees key j iff ``t - window < p_j <= t``:
+
+- ``mask="window"``: keys share the queries' positions (stride 1, offset 0); query t sees keys
+  (t - w, t]. ``window_size >= sequence length`` is plain causal attention.
+- ``mask="compressed"``: keys are compressed tokens (stride s, offset l - 1, no window); query t
+  sees compressed j iff t >= j * s + l - 1. Rows that see nothing give o = 0, lse = -inf and zero
+  (finite) gradients.
+
+Varlen without host syncs: the grid has ``batch + total // BLOCK`` tiles; sequence b owns the
+tiles from ``b + cu_seqlens[b] // BLOCK`` on, which always leaves room for its ceil(n_b / BLOCK)
+tiles, so a program finds its (sequence, tile) by a binary search over cu_seqlens and surplus
+programs exit. Each program walks only the key (or query) tiles its mask can reach, split into
+masked edge tiles and unmasked interior tiles: window attention costs O(N * w).
+
+Backward (deterministic, no atomics): ``delta = rowsum(o * do) - dlse`` first; dq by a
+query-outer kernel like the forward; dk/dv by a key-outer kernel that loops over the g query
+heads of its KV head and over the query tiles that see its key tile. When there are too few
+key tiles to fill the GPU (compressed keys, short batches) the query axis is cut into chunks
+whose fp32 partials are summed in a fixed order.
+
+Shapes: q [total_q, h, d], k/v [total_k, h_kv, d] (unit stride on d), cu_seqlens_q/k int32
+[batch + 1]; h = g * h_kv with any g in 1..16, any d <= 256 (padded to a power of two and
+masked). fp16/bf16/fp32 inputs, fp32 accumulation, exp2 softmax. Returns o [total_q, h, d] in
+q.dtype and lse [total_q, h] fp32 (natural log); autograd gives dq, dk, dv (and accepts a
+gradient on lse).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..checks import KERNEL_DTYPES, check_attention_inputs, check_tensor
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(_LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)
+MASKS = ("window", "compressed")
+# Window of masks without one: wider than any sequence, yet window + positions stays in int32.
+NO_WINDOW = 1 << 30
+
+
+def _fix_interpreter_index() -> None:
+    """Let the Triton interpreter use scalars as loop bounds under numpy >= 2.4.
+
+    The interpreter keeps scalars as 1-element arrays and converts them with ``int(array)``,
+    which numpy 2.4 rejects. Same idempotent patch (same flag) as ``selection/nsa.py``.
+    """
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "_fsalab_fixed", False):
+        return
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._fsalab_fixed = True
+    interpreter._patch_lang_tensor = patched
+
+
+if _INTERPRET:
+    _fix_interpreter_index()
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch configurations
+# ----------------------------------------------------------------------------------------------
+
+
+def _cfg(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+
+
+# Query-outer kernels (forward, dq): BLOCK_M query rows stay in registers, BLOCK_N keys stream.
+_FWD_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3)]
+_DQ_CONFIGS = [_cfg(128, 64, 8, 3), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 3)]
+# Key-outer dk/dv kernel: BLOCK_N keys with their fp32 dk, dv accumulators, BLOCK_M queries stream.
+_DKDV_CONFIGS = [_cfg(64, 128, 8, 3), _cfg(32, 128, 4, 3), _cfg(64, 64, 4, 3)]
+# Tried for d = 256 only: 8 warps hold [64, 256] fp32 accumulators without spilling.
+_D256_ONLY = [_cfg(64, 64, 8, 2), _cfg(64, 32, 8, 2), _cfg(32, 64, 8, 2)]
+
+
+def _prune(configs, named_args, **kwargs):
+    """d = 256: tiles of at most 64 rows, so resident [tile, d] operands and accumulators fit."""
+    if kwargs.get("D_PAD", named_args.get("D_PAD")) < 256:
+        return [c for c in configs if all(c is not x for x in _D256_ONLY)]
+    return [c for c in configs if max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= 64]
+
+
+def _autotune(configs):
+    """Autotuned on GPU, keyed on padded d, key stride and window (sliding, causal and compressed
+    masks tune apart); the bare kernel under the interpreter."""
+
+    def wrap(fn):
+        if _INTERPRET:
+            return fn
+        key = ["D_PAD", "key_stride", "window"]
+        return triton.autotune(configs + _D256_ONLY, key=key, prune_configs_by={"early_config_prune": _prune})(fn)
+
+    return wrap
+
+
+# Runtime ints that vary between calls: not specialized (== 1, % 16), so a new batch size, group
+# or window reuses the compiled kernels instead of recompiling every autotune config.
+_DYNAMIC = ["n_heads", "batch", "n_search", "group", "key_stride", "key_offset", "window"]
+
+
+def _meta(block_m: int, block_n: int) -> dict:
+    """Tile sizes under the interpreter (small, so tiny tests cross many tile edges); autotuned on GPU."""
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n} if _INTERPRET else {}
+
+
+# ----------------------------------------------------------------------------------------------
+# Device helpers
+# ----------------------------------------------------------------------------------------------
+# Inner loops inline their masks: the interpreter pays ~0.3 ms per nested jit call, and on GPU a
+# d-mask `arange(D_PAD) < D` keeps loads vectorized (its constancy is the divisibility of D).
+
+
+@triton.jit
+def _tile_of(pid, cu_ptr, batch, n_search, BLOCK: tl.constexpr):
+    """(sequence, its first packed row, its length, tile start) of tile ``pid``.
+
+    Sequence b owns tiles [b + cu[b] // BLOCK, b + 1 + cu[b + 1] // BLOCK): strictly increasing
+    starts, found by binary search. The tile start may lie past the sequence end (then skip).
+    """
+    lo = pid * 0
+    hi = lo + batch
+    for _ in range(n_search):
+        mid = (lo + hi) // 2
+        go_right = mid + tl.load(cu_ptr + mid) // BLOCK <= pid
+        lo = tl.where(go_right, mid, lo)
+        hi = tl.where(go_right, hi, mid)
+    start = tl.load(cu_ptr + lo)
+    length = tl.load(cu_ptr + lo + 1) - start
+    return lo, start, length, (pid - lo - start // BLOCK) * BLOCK
+
+
+@triton.jit
+def _split_range(lo, hi, full_lo, full_hi, BLOCK: tl.constexpr):
+    """Cut [lo, hi) into BLOCK-tiles: masked [lo, a), unmasked [a, b) inside [full_lo, full_hi), masked [b, hi).
+
+    Returns (min(a, hi), a, b); every range may be empty.
+    """
+    a = lo + tl.cdiv(tl.maximum(full_lo - lo, 0), BLOCK) * BLOCK
+    b = a + tl.maximum(tl.minimum(full_hi, hi) - a, 0) // BLOCK * BLOCK
+    return tl.minimum(a, hi), a, b
+
+
+@triton.jit
+def _key_bounds(t, n_k, key_stride, key_offset, window):
+    """Keys [lo, hi) seen by query position t (scalar or vector).
+
+    Key j sits at p_j = j * key_stride + key_offset and is seen iff t - window < p_j <= t.
+    Numerators are clamped at 0 before dividing (Triton's integer division truncates).
+    """
+    hi = tl.minimum(n_k, tl.maximum(t - key_offset + key_stride, 0) // key_stride)
+    lo = tl.maximum(t - window - key_offset + key_stride, 0) // key_stride
+    return lo, hi
+
+
+@triton.jit
+def _key_tiles(m0, last, n_k, key_stride, key_offset, window, BLOCK_N: tl.constexpr):
+    """Keys [lo, hi) seen by query rows m0..last, cut by _split_range around the keys all rows see."""
+    lo, full_hi = _key_bounds(m0, n_k, key_stride, key_offset, window)
+    full_lo, hi = _key_bounds(last, n_k, key_stride, key_offset, window)
+    first_end, mid_lo, mid_hi = _split_range(lo, hi, full_lo, full_hi, BLOCK_N)
+    return lo, first_end, mid_lo, mid_hi, hi
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_inner(acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, start, end, n_k,
+               scale_log2, d_ok, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """Online softmax over key tiles [start, end); row t sees keys [row_lo[t], row_hi[t]).
+
+    k_ptrs/v_ptrs point at key row 0 of the sequence (+ tile offsets).
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    k_ptrs += start.to(tl.int64) * stride_kt
+    v_ptrs += start.to(tl.int64) * stride_vt
+    k_step = BLOCK_N * stride_kt
+    v_step = BLOCK_N * stride_vt
+    for j0 in range(start, end, BLOCK_N):
+        cols = j0 + offs_n
+        kv_mask = d_ok[None, :]
+        if MASKED:
+            kv_mask = kv_mask & (cols < n_k)[:, None]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        if MASKED:
+            vis = (cols[None, :] >= row_lo[:, None]) & (cols[None, :] < row_hi[:, None])
+            s = tl.where(vis, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row with nothing visible yet keeps m = -inf; shift it by 0 so exp2 gives 0, not NaN.
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = m_new
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+        k_ptrs += k_step
+        v_ptrs += v_step
+    return acc, m_i, l_i
+
+
+@_autotune(_FWD_CONFIGS)
+@triton.jit(do_not_specialize=_DYNAMIC)
+def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
+                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                n_heads, batch, n_search, group, scale_log2, key_stride, key_offset, window,
+                D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Reversed order: the last (longest-running) causal tiles start first.
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    seq, q_start, n_q, m0 = _tile_of(pid, CU_Q, batch, n_search, BLOCK_M)
+    if m0 >= n_q:
+        return
+    k_start = tl.load(CU_K + seq)
+    n_k = tl.load(CU_K + seq + 1) - k_start
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    dcol = tl.arange(0, D_PAD)
+    d_ok = dcol < D
+    rows = m0 + offs_m
+    row_ok = rows < n_q
+    q_row0 = (q_start + m0).to(tl.int64)
+    q = tl.load(Q + q_row0 * stride_qt + head * stride_qh + offs_m[:, None] * stride_qt + dcol[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    kv_head = head // group
+    k_ptrs = K + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh + offs_n[:, None] * stride_kt + dcol[None, :]
+    v_ptrs = V + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh + offs_n[:, None] * stride_vt + dcol[None, :]
+
+    last = tl.minimum(m0 + BLOCK_M, n_q) - 1
+    lo, first_end, mid_lo, mid_hi, hi = _key_tiles(m0, last, n_k, key_stride, key_offset, window, BLOCK_N)
+    row_lo, row_hi = _key_bounds(rows, n_k, key_stride, key_offset, window)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, lo, first_end, hi,
+                               scale_log2, d_ok, BLOCK_N, True, PRECISION)
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, mid_lo, mid_hi, hi,
+                               scale_log2, d_ok, BLOCK_N, False, PRECISION)
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, mid_hi, hi, hi,
+                               scale_log2, d_ok, BLOCK_N, True, PRECISION)
+
+    seen = l_i > 0
+    o = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+    tl.store(O + q_row0 * stride_ot + head * stride_oh + offs_m[:, None] * stride_ot + dcol[None, :],
+             o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + q_row0 * n_heads + head + offs_m * n_heads, lse, mask=row_ok)
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["total", "n_heads"])
+def _delta_kernel(O, DO, DLSE, DELTA, total, stride_ot, stride_oh, stride_dt, stride_dh, n_heads,
+                  HAS_DLSE: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
+    """delta[t, h] = sum_d o * do - dlse (dlse: the gradient flowing into lse)."""
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    head = tl.program_id(1)
+    dcol = tl.arange(0, D_PAD)
+    ok = rows < total
+    mask = ok[:, None] & (dcol < D)[None, :]
+    r64 = rows.to(tl.int64)
+    o = tl.load(O + r64[:, None] * stride_ot + head * stride_oh + dcol[None, :], mask=mask, other=0.0)
+    do = tl.load(DO + r64[:, None] * stride_dt + head * stride_dh + dcol[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + r64 * n_heads + head, mask=ok, other=0.0)
+    tl.store(DELTA + r64 * n_heads + head, delta, mask=ok)
+
+
+@triton.jit
+def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, start, end, n_k,
+              scale_log2, d_ok, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    k_ptrs += start.to(tl.int64) * stride_kt
+    v_ptrs += start.to(tl.int64) * stride_vt
+    k_step = BLOCK_N * stride_kt
+    v_step = BLOCK_N * stride_vt
+    for j0 in range(start, end, BLOCK_N):
+        cols = j0 + offs_n
+        kv_mask = d_ok[None, :]
+        if MASKED:
+            kv_mask = kv_mask & (cols < n_k)[:, None]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        if MASKED:
+            vis = (cols[None, :] >= row_lo[:, None]) & (cols[None, :] < row_hi[:, None])
+            s = tl.where(vis, s, float("-inf"))
+        p = tl.exp2(s - lse2[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
+        k_ptrs += k_step
+        v_ptrs += v_step
+    return dq
+
+
+@_autotune(_DQ_CONFIGS)
+@triton.jit(do_not_specialize=_DYNAMIC)
+def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
+               stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+               stride_dqt, stride_dqh,
+               n_heads, batch, n_search, group, scale, scale_log2, key_stride, key_offset, window,
+               D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    seq, q_start, n_q, m0 = _tile_of(pid, CU_Q, batch, n_search, BLOCK_M)
+    if m0 >= n_q:
+        return
+    k_start = tl.load(CU_K + seq)
+    n_k = tl.load(CU_K + seq + 1) - k_start
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    dcol = tl.arange(0, D_PAD)
+    d_ok = dcol < D
+    rows = m0 + offs_m
+    row_ok = rows < n_q
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    q_row0 = (q_start + m0).to(tl.int64)
+    q = tl.load(Q + q_row0 * stride_qt + head * stride_qh + offs_m[:, None] * stride_qt + dcol[None, :],
+                mask=q_mask, other=0.0)
+    do = tl.load(DO + q_row0 * stride_dot + head * stride_doh + offs_m[:, None] * stride_dot + dcol[None, :],
+                 mask=q_mask, other=0.0)
+    stat = q_row0 * n_heads + head + offs_m * n_heads
+    lse = tl.load(LSE + stat, mask=row_ok, other=0.0)
+    # lse in log2 units; -inf (row sees nothing) becomes +inf so that exp2(s - lse) = 0.
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    delta = tl.load(DELTA + stat, mask=row_ok, other=0.0)
+    kv_head = head // group
+    k_ptrs = K + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh + offs_n[:, None] * stride_kt + dcol[None, :]
+    v_ptrs = V + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh + offs_n[:, None] * stride_vt + dcol[None, :]
+
+    last = tl.minimum(m0 + BLOCK_M, n_q) - 1
+    lo, first_end, mid_lo, mid_hi, hi = _key_tiles(m0, last, n_k, key_stride, key_offset, window, BLOCK_N)
+    row_lo, row_hi = _key_bounds(rows, n_k, key_stride, key_offset, window)
+    dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, lo, first_end, hi,
+                   scale_log2, d_ok, BLOCK_N, True, PRECISION)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, mid_lo, mid_hi, hi,
+                   scale_log2, d_ok, BLOCK_N, False, PRECISION)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, mid_hi, hi, hi,
+                   scale_log2, d_ok, BLOCK_N, True, PRECISION)
+    tl.store(DQ + q_row0 * stride_dqt + head * stride_dqh + offs_m[:, None] * stride_dqt + dcol[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, pos_lo, pos_hi, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qt, stride_dot, n_heads,
+                start, end, n_valid, scale_log2, d_ok,
+                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """Query tiles [start, end) of one head; key j is seen by query rows [pos_lo[j], pos_hi[j]).
+
+    Pointers point at query row 0 of the sequence (+ tile offsets).
+    """
+    offs_m = tl.arange(0, BLOCK_M)
+    q_ptrs += start.to(tl.int64) * stride_qt
+    do_ptrs += start.to(tl.int64) * stride_dot
+    lse_ptrs += start.to(tl.int64) * n_heads
+    delta_ptrs += start.to(tl.int64) * n_heads
+    q_step = BLOCK_M * stride_qt
+    do_step = BLOCK_M * stride_dot
+    stat_step = BLOCK_M * n_heads
+    for m0 in range(start, end, BLOCK_M):
+        rows = m0 + offs_m
+        if MASKED:
+            row_ok = rows < n_valid
+            q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            do = tl.load(do_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            lse = tl.load(lse_ptrs, mask=row_ok, other=0.0)
+            delta = tl.load(delta_ptrs, mask=row_ok, other=0.0)
+        else:
+            q = tl.load(q_ptrs, mask=d_ok[None, :], other=0.0)
+            do = tl.load(do_ptrs, mask=d_ok[None, :], other=0.0)
+            lse = tl.load(lse_ptrs)
+            delta = tl.load(delta_ptrs)
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+        # Transposed tiles [BLOCK_N keys, BLOCK_M queries]: dk and dv accumulate along the query axis.
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * scale_log2
+        if MASKED:
+            vis = (rows[None, :] >= pos_lo[:, None]) & (rows[None, :] < pos_hi[:, None]) & row_ok[None, :]
+            s_t = tl.where(vis, s_t, float("-inf"))
+        p_t = tl.exp2(s_t - lse2[None, :])
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
+        q_ptrs += q_step
+        do_ptrs += do_step
+        lse_ptrs += stat_step
+        delta_ptrs += stat_step
+    return dk, dv
+
+
+@_autotune(_DKDV_CONFIGS)
+@triton.jit(do_not_specialize=_DYNAMIC + ["q_chunk"])
+def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
+                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                 stride_dks, stride_dkt, stride_dkh, stride_dvs, stride_dvt, stride_dvh,
+                 n_heads, batch, n_search, group, q_chunk, scale, scale_log2, key_stride, key_offset, window,
+                 D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program per (key tile, KV head, query chunk): sums over the group's query heads."""
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq, k_start, n_k, n0 = _tile_of(pid, CU_K, batch, n_search, BLOCK_N)
+    if n0 >= n_k:
+        return
+    q_start = tl.load(CU_Q + seq)
+    n_q = tl.load(CU_Q + seq + 1) - q_start
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    dcol = tl.arange(0, D_PAD)
+    d_ok = dcol < D
+    cols = n0 + offs_n
+    kv_mask = (cols < n_k)[:, None] & d_ok[None, :]
+    k_row0 = (k_start + n0).to(tl.int64)
+    k = tl.load(K + k_row0 * stride_kt + kv_head * stride_kh + offs_n[:, None] * stride_kt + dcol[None, :],
+                mask=kv_mask, other=0.0)
+    v = tl.load(V + k_row0 * stride_vt + kv_head * stride_vh + offs_n[:, None] * stride_vt + dcol[None, :],
+                mask=kv_mask, other=0.0)
+    pos_lo = cols * key_stride + key_offset
+    pos_hi = tl.minimum(pos_lo + window, n_q)
+
+    # Queries that see some key of the tile, clipped to this program's chunk; the interior sees all.
+    p_first = n0 * key_stride + key_offset
+    p_last = (tl.minimum(n0 + BLOCK_N, n_k) - 1) * key_stride + key_offset
+    lo = tl.maximum(p_first, split * q_chunk)
+    hi = tl.minimum(tl.minimum(n_q, p_last + window), (split + 1) * q_chunk)
+    first_end, mid_lo, mid_hi = _split_range(lo, hi, p_last, tl.minimum(n_q, p_first + window), BLOCK_M)
+
+    dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+    q_row0 = q_start.to(tl.int64)
+    for i in range(group):
+        head = kv_head * group + i
+        q_ptrs = Q + q_row0 * stride_qt + head * stride_qh + offs_m[:, None] * stride_qt + dcol[None, :]
+        do_ptrs = DO + q_row0 * stride_dot + head * stride_doh + offs_m[:, None] * stride_dot + dcol[None, :]
+        lse_ptrs = LSE + q_row0 * n_heads + head + offs_m * n_heads
+        delta_ptrs = DELTA + q_row0 * n_heads + head + offs_m * n_heads
+        dk, dv = _dkdv_inner(dk, dv, k, v, pos_lo, pos_hi, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
+                             stride_qt, stride_dot, n_heads, lo, first_end, hi, scale_log2, d_ok, BLOCK_M, True, PRECISION)
+        dk, dv = _dkdv_inner(dk, dv, k, v, pos_lo, pos_hi, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
+                             stride_qt, stride_dot, n_heads, mid_lo, mid_hi, hi, scale_log2, d_ok, BLOCK_M, False, PRECISION)
+        dk, dv = _dkdv_inner(dk, dv, k, v, pos_lo, pos_hi, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
+                             stride_qt, stride_dot, n_heads, mid_hi, hi, hi, scale_log2, d_ok, BLOCK_M, True, PRECISION)
+    s64 = split.to(tl.int64)
+    dk_ptrs = DK + s64 * stride_dks + k_row0 * stride_dkt + kv_head * stride_dkh + offs_n[:, None] * stride_dkt + dcol[None, :]
+    dv_ptrs = DV + s64 * stride_dvs + k_row0 * stride_dvt + kv_head * stride_dvh + offs_n[:, None] * stride_dvt + dcol[None, :]
+    tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+
+
+def _common_meta(q: torch.Tensor) -> dict:
+    d = q.shape[2]
+    d_pad = max(16, triton.next_power_of_2(d))
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is the default; only fp32 inputs read it
+    return {"D": d, "D_PAD": d_pad, "PRECISION": precision}
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Buffers whose every element a kernel writes (tests swap in NaN-filled ones to prove it)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _search_steps(batch: int) -> int:
+    return max(1, batch.bit_length())
+
+
+def _num_query_chunks(total_q: int, total_k: int, batch: int, h_kv: int, window: int, device: torch.device) -> int:
+    """Query chunks for dk/dv: ~4 waves of programs when few key tiles each see a long query range
+    (causal and compressed masks; a sliding window's range already fits one chunk). Shapes only."""
+    if device.type != "cuda" or window < total_q:
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    programs = (batch + total_k // 64) * h_kv
+    return max(1, min(16, -(-4 * sms // programs), -(-total_q // 1024)))
+
+
+def _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale):
+    total, h, d = q.shape
+    batch = cu_q.numel() - 1
+    o = _empty((total, h, d), q.dtype, q.device)
+    lse = _empty((total, h), torch.float32, q.device)
+    if total == 0:
+        return o, lse
+    if k.shape[0] == 0:  # no key at all (no sequence reaches kernel_size): nothing to launch on
+        return o.zero_(), lse.fill_(float("-inf"))
+    grid = lambda meta: (batch + total // meta["BLOCK_M"], h)  # noqa: E731
+    _fwd_kernel[grid](
+        q, k, v, o, lse, cu_q, cu_k,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
+        h, batch, _search_steps(batch), h // k.shape[1], scale * _LOG2E, key_stride, key_offset, window,
+        **_common_meta(q), **_meta(32, 16),
+    )
+    return o, lse
+
+
+def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding):
+    """dq, dk, dv. key_padding: k/v may hold rows outside every sequence (their gradient is 0)."""
+    total, h, d = q.shape
+    total_k, h_kv, _ = k.shape
+    batch = cu_q.numel() - 1
+    meta = _common_meta(q)
+    alloc = torch.zeros if key_padding or total == 0 else _empty  # padding rows get no program
+    delta = _empty((total, h), torch.float32, q.device)
+    dq = _empty((total, h, d), q.dtype, q.device)
+    dk = alloc((total_k, h_kv, d), dtype=k.dtype, device=q.device)
+    dv = alloc((total_k, h_kv, d), dtype=v.dtype, device=q.device)
+    if total == 0 or total_k == 0:
+        return dq.zero_(), dk, dv
+    _delta_kernel[(triton.cdiv(total, 64), h)](
+        o, do, dlse if dlse is not None else delta, delta, total, o.stride(0), o.stride(1), do.stride(0), do.stride(1), h,
+        HAS_DLSE=dlse is not None, D=d, D_PAD=meta["D_PAD"], BLOCK_T=64,
+    )
+    common = (h, batch, _search_steps(batch))
+    grid_q = lambda m: (batch + total // m["BLOCK_M"], h)  # noqa: E731
+    _dq_kernel[grid_q](
+        q, k, v, do, lse, delta, dq, cu_q, cu_k,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+        dq.stride(0), dq.stride(1), *common, h // h_kv, scale, scale * _LOG2E, key_stride, key_offset, window,
+        **meta, **_meta(32, 16),
+    )
+    chunks = _num_query_chunks(total, total_k, batch, h_kv, window, q.device)
+    # fp32 partials per query chunk, summed in a fixed order below (deterministic).
+    dk_out = dk[None] if chunks == 1 else alloc((chunks, total_k, h_kv, d), dtype=torch.float32, device=q.device)
+    dv_out = dv[None] if chunks == 1 else alloc((chunks, total_k, h_kv, d), dtype=torch.float32, device=q.device)
+    grid_k = lambda m: (batch + total_k // m["BLOCK_N"], h_kv, chunks)  # noqa: E731
+    _dkdv_kernel[grid_k](
+        q, k, v, do, lse, delta, dk_out, dv_out, cu_q, cu_k,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+        *dk_out.stride()[:3], *dv_out.stride()[:3],
+        *common, h // h_kv, triton.cdiv(total, chunks), scale, scale * _LOG2E, key_stride, key_offset, window,
+        **meta, **_meta(16, 32),
+    )
+    if chunks > 1:
+        dk.copy_(dk_out.sum(0))
+        dv.copy_(dv_out.sum(0))
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding) -> (o, lse).
+
+    See the module doc; key_padding: k/v rows past cu_k[-1] exist (compressed buffers).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding):
+        o, lse = _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale)
+        ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+        ctx.params = (key_stride, key_offset, window, scale, key_padding)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+        do = do.contiguous() if do.stride(-1) != 1 else do
+        dlse = dlse.contiguous() if dlse is not None else None
+        dq, dk, dv = _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, *ctx.params)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None = None,
+    *,
+    mask: str = "window",
+    window_size: int | None = None,
+    kernel_size: int | None = None,
+    kernel_stride: int | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Varlen GQA attention with a window or compressed-key mask (module doc), differentiable.
+
+    mask="window": k/v share the queries' rows and cu_seqlens (cu_seqlens_k must be None);
+    query t sees keys (t - window_size, t].
+    mask="compressed": k/v [rows, h_kv, d] hold each sequence's compressed tokens at offsets
+    cu_seqlens_k (rows past cu_seqlens_k[-1] are never read; their gradient is 0); query t sees
+    compressed j iff t >= j * kernel_stride + kernel_size - 1.
+    Returns o [total_q, h, d] (q.dtype) and lse [total_q, h] fp32, natural log (-inf: no key seen).
+    """
+    if mask not in MASKS:
+        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+    check_attention_inputs(q, k, v, cu_seqlens_q, KERNEL_DTYPES)
+    if q.device.type != "cuda" and not _INTERPRET:
+        raise ValueError(f"Triton kernels need a CUDA device (or TRITON_INTERPRET=1); q is on {q.device}")
+    total = q.shape[0]
+    if mask == "window":
+        if cu_seqlens_k is not None:
+            raise ValueError("mask='window' shares cu_seqlens between queries and keys; pass cu_seqlens_k=None")
+        if k.shape[0] != total:
+            raise ValueError(f"mask='window' needs one k/v row per query row ({total}), got {k.shape[0]}")
+        if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 1:
+            raise ValueError(f"window_size must be a positive int, got {window_size!r}")
+        cu_seqlens_k = cu_seqlens_q
+        key_stride, key_offset, window = 1, 0, min(window_size, NO_WINDOW)
+    else:
+        for name, value in (("kernel_size", kernel_size), ("kernel_stride", kernel_stride)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"mask='compressed' needs a positive int {name}, got {value!r}")
+        check_tensor("cu_seqlens_k", cu_seqlens_k, 1, (torch.int32,), q.device)
+        if cu_seqlens_k.shape != cu_seqlens_q.shape:
+            raise ValueError(
+                f"cu_seqlens_k must have the shape of cu_seqlens_q {tuple(cu_seqlens_q.shape)}, got {tuple(cu_seqlens_k.shape)}"
+            )
+        key_stride, key_offset, window = kernel_stride, kernel_size - 1, NO_WINDOW
+    if total >= NO_WINDOW or k.shape[0] >= NO_WINDOW:
+        raise ValueError(f"at most {NO_WINDOW - 1} tokens per call (int32 positions), got {max(total, k.shape[0])}")
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[2])
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    return FlashAttention.apply(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, key_stride, key_offset, window, float(scale), mask == "compressed"
+    )

@@ -1,0 +1,364 @@
+"""FSA selected attention (KV-block-outer loop order), forward and backward, two variants.
+
+``selected_attention_fsa_paper`` follows the FSA paper (§3.1-3.2, App. E):
+  forward  (i) softmax statistics: per (token, block) entry the block's log-sum-exp (no V),
+           merged per token into its lse;  (ii) the main kernel: one program per (query head,
+           KV block, range of selecting tokens), K/V loaded once, tokens gathered in batches of
+           B_Q through the index lists, partials already normalised by the precomputed lse and
+           written to a compact buffer with one row per (token, block) entry;  (iii) a
+           reduction that sums each token's T partials, without atomics.  ``inner_loop`` (8
+           query batches per program, else one) and ``early_return`` switch the paper's two
+           optimisations for its ablation (Fig. 9).
+  backward dq partials (same grid and switches) + reduction; dK/dV block-major without atomics
+           (one program per (KV head, block) walking all its tokens); delta = rowsum(o * dO).
+
+``selected_attention_fsa`` keeps the loop order and removes what the paper pays for: each
+entry stores its block's own (normalised o, lse) and the reduction merges them by log-sum-exp
+(no statistics pass); the g heads of a group share each K/V load (MMA rows = tokens x heads);
+programs come from a work list (no idle programs); the backward computes dK/dV and the dq
+partials in one pass, splitting long rows (the sink block) over several programs.
+
+Both take q [total, h, d], k/v [total, h_kv, d], block_idx int32 [total, h_kv, topk] (local
+block ids, ascending, -1 padding), cu_seqlens int32 [batch + 1], and return o [total, h, d]
+(q's dtype) and lse [total, h] (fp32, natural log; -inf for tokens with no selected block).
+Partial outputs are kept in q's dtype (normalised, so bounded by max |v|), dq partials and
+dK/dV accumulators in fp32. Heads are processed in chunks whose partial buffers fit
+``fsa_plan.BUFFER_BUDGET_BYTES``. No host synchronisation: every grid and buffer is sized from
+shapes and the index lists are built on device once per forward and reused by the backward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ...checks import KERNEL_DTYPES, check_attention_inputs, check_block_idx
+from . import fsa_plan as plan
+from .fsa_bwd import _delta_kernel, _dkdv_kernel, _dkdv_merge_kernel
+from .fsa_fwd import DQ, FAST, LSE, LSE_ONLY, PAPER, STATS, SUM, _merge_kernel, _partial_kernel
+from .index import SelectionIndex, build_selection_index
+
+_LOG2E = 1.4426950408889634
+
+
+@dataclass
+class _Problem:
+    """Inputs of one call (contiguous) plus everything derived from shapes and the index."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    index: SelectionIndex
+    table: plan.BlockTable
+    block_size: int
+    scale: float
+
+    @property
+    def total(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def h(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def h_kv(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def g(self) -> int:
+        return self.h // self.h_kv
+
+    @property
+    def d(self) -> int:
+        return self.q.shape[2]
+
+    @property
+    def D(self) -> int:
+        return max(16, plan.pow2(self.d))
+
+    @property
+    def topk(self) -> int:
+        return self.index.slot_pos.shape[2]
+
+    @property
+    def cap(self) -> int:
+        return self.index.block_capacity
+
+    @property
+    def prec(self) -> str:
+        return "ieee" if self.q.dtype == torch.float32 else "tf32"
+
+    def entries(self, n_kv: int) -> int:
+        """Upper bound on the entries of n_kv KV heads."""
+        return self.total * self.topk * n_kv
+
+
+def _prepare(q, k, v, block_idx, cu_seqlens, block_size, scale) -> _Problem:
+    check_attention_inputs(q, k, v, cu_seqlens, KERNEL_DTYPES)
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"k/v must have one row per token of q ({q.shape[0]}), got {k.shape[0]}")
+    check_block_idx(block_idx, q.shape[0], k.shape[1])
+    if block_idx.device != q.device:
+        raise ValueError(f"block_idx is on {block_idx.device}, expected {q.device}")
+    if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[2])
+    index = build_selection_index(block_idx.contiguous(), cu_seqlens, block_size)
+    table = plan.block_table(index, cu_seqlens, block_size)
+    return _Problem(q.contiguous(), k.contiguous(), v.contiguous(), index, table, block_size, scale)
+
+
+def _strides(pb: _Problem) -> tuple[int, ...]:
+    return pb.q.stride(0), pb.q.stride(1), pb.k.stride(0), pb.k.stride(1), pb.h
+
+
+def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_switches=None, do=None, lse=None, delta=None):
+    """Run _partial_kernel over one chunk: from a work list, or on the paper's grid."""
+    ix, tb = pb.index, pb.table
+    G = tiles.block_m // tiles.tok
+    r_begin, r_end = chunk.hk0 * pb.cap, (chunk.hk0 + chunk.n_kv) * pb.cap
+    if work is not None:
+        grid, n_sub, hp, early = work.grid(pb.entries(chunk.n_kv), r_end - r_begin), 1, 1, True
+        first, item_row, item_sub, max_rest = work.first, work.item_row, work.item_sub, ix.row_ptr
+    else:
+        early, max_rest = paper_switches
+        n_sub = triton.cdiv(pb.total, tiles.tok * tiles.num_mt)
+        hp = chunk.heads // G
+        grid = (r_end - r_begin) * hp * n_sub
+        first = item_row = item_sub = ix.row_ptr
+    dummy = pb.q
+    _partial_kernel[(grid,)](
+        pb.q, pb.k, pb.v, dummy if do is None else do, dummy if lse is None else lse,
+        dummy if delta is None else delta, dummy if obuf is None else obuf, dummy if lbuf is None else lbuf,
+        ix.row_ptr, ix.token_ids, tb.start, tb.length, tb.local,
+        first, item_row, item_sub, max_rest,
+        *_strides(pb),
+        r_begin, r_end, pb.cap, pb.g, chunk.j0, chunk.heads, n_sub, pb.d, pb.scale * _LOG2E, pb.scale,
+        HP=hp, G=G, TOK=tiles.tok, BLOCK_M=tiles.block_m, NUM_MT=tiles.num_mt,
+        BLOCK_N=tiles.block_n, NUM_KT=triton.cdiv(pb.block_size, tiles.block_n), D=pb.D,
+        MODE=mode, TABLE=work is not None, EARLY_RETURN=early, PREC=pb.prec,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+
+
+def _launch_merge(pb, chunk, mode, obuf, lbuf, out, lse_out):
+    """Merge the chunk's partials per (token, head) into out [total, h, d] and/or lse_out [total, h]."""
+    G = chunk.heads
+    block_r = max(plan.pow2(G), 64)
+    tok = block_r // G
+    dummy = pb.q
+    _merge_kernel[(triton.cdiv(pb.total, tok), chunk.n_kv)](
+        dummy if obuf is None else obuf, dummy if lbuf is None else lbuf, pb.index.slot_pos, pb.index.row_ptr,
+        dummy if out is None else out, dummy if lse_out is None else lse_out,
+        pb.total, pb.h_kv, pb.topk, chunk.hk0, chunk.hk0 * pb.cap, pb.g, chunk.j0, pb.d,
+        pb.q.stride(0), pb.q.stride(1), pb.h,
+        G=G, TOK=tok, BLOCK_R=block_r, D=pb.D, MODE=mode, num_warps=4,
+    )
+
+
+def _chunk_buffers(pb, chunks, per_entry_head: int, dtype, with_lse: bool):
+    """One partial buffer sized for the largest chunk, reused by every chunk."""
+    rows = max(pb.entries(c.n_kv) * c.heads for c in chunks)
+    obuf = torch.empty(rows * per_entry_head, dtype=dtype, device=pb.q.device) if per_entry_head else None
+    lbuf = torch.empty(rows, dtype=torch.float32, device=pb.q.device) if with_lse else None
+    return obuf, lbuf
+
+
+def _forward_fast(pb: _Problem):
+    o = torch.empty_like(pb.q)
+    lse = torch.empty(pb.total, pb.h, dtype=torch.float32, device=pb.q.device)
+    chunks = plan.head_chunks(pb.h_kv, pb.g, pb.total * pb.topk * (pb.d * pb.q.element_size() + 4))
+    obuf, lbuf = _chunk_buffers(pb, chunks, pb.d, pb.q.dtype, True)
+    works = {}
+    for c in chunks:
+        tiles = plan.fwd_tiles(c.heads, pb.D, pb.block_size, paper=False)
+        per_item = tiles.tok * tiles.num_mt
+        if per_item not in works:
+            works[per_item] = plan.work_list(pb.index.row_ptr, pb.entries(pb.h_kv), per_item, min_one=False)
+        _launch_partial(pb, c, tiles, FAST, obuf, lbuf, work=works[per_item])
+        _launch_merge(pb, c, LSE, obuf, lbuf, o, lse)
+    return o, lse
+
+
+def _paper_switches(pb: _Problem, early_return: bool):
+    """(EARLY_RETURN, pointer to the masked range's end) of the paper's grid launches."""
+    if early_return:
+        return True, pb.index.row_ptr
+    return False, plan.max_rest_len(pb.index.row_ptr, pb.table, pb.h_kv)
+
+
+def _forward_paper(pb: _Problem, inner_loop: bool, early_return: bool):
+    o = torch.empty_like(pb.q)
+    lse = torch.empty(pb.total, pb.h, dtype=torch.float32, device=pb.q.device)
+    chunks = plan.head_chunks(pb.h_kv, pb.g, pb.total * pb.topk * (pb.d * pb.q.element_size() + 4))
+    obuf, lbuf = _chunk_buffers(pb, chunks, pb.d, pb.q.dtype, True)
+    switches = _paper_switches(pb, early_return)
+    tiles = plan.fwd_tiles(1, pb.D, pb.block_size, paper=True, inner_loop=inner_loop)
+    for c in chunks:
+        _launch_partial(pb, c, tiles, STATS, None, lbuf, paper_switches=switches)
+        _launch_merge(pb, c, LSE_ONLY, None, lbuf, None, lse)
+        _launch_partial(pb, c, tiles, PAPER, obuf, None, paper_switches=switches, lse=lse)
+        _launch_merge(pb, c, SUM, obuf, None, o, None)
+    return o, lse
+
+
+def _delta(o, do, dlse):
+    """delta [total, h] fp32 = rowsum(o * dO) - dlse."""
+    total, h, d = o.shape
+    delta = torch.empty(total, h, dtype=torch.float32, device=o.device)
+    block = 64
+    _delta_kernel[(triton.cdiv(total * h, block),)](
+        o, do, delta if dlse is None else dlse, delta, total * h, d,
+        HAS_DLSE=dlse is not None, BLOCK=block, D=max(16, plan.pow2(d)), num_warps=4,
+    )
+    return delta
+
+
+def _launch_dkdv(pb, chunk, tiles, do, lse, delta, dk, dv, *, dqbuf=None, work=None, slots=None, dkp=None, dvp=None):
+    """dK/dV of the chunk's KV heads (all g heads of each group): from a work list with split
+    rows, or one program per row (work=None). With dqbuf, also the dq partials."""
+    ix, tb = pb.index, pb.table
+    r_begin, r_end = chunk.hk0 * pb.cap, (chunk.hk0 + chunk.n_kv) * pb.cap
+    if work is not None:
+        grid, num_mt = work.grid(pb.entries(chunk.n_kv), r_end - r_begin), work.per_item // tiles.tok
+        first, item_row, item_sub = work.first, work.item_row, work.item_sub
+    else:
+        grid, num_mt = r_end - r_begin, 0
+        first = item_row = item_sub = slots = ix.row_ptr
+    dummy = pb.q
+    _dkdv_kernel[(grid,)](
+        pb.q, pb.k, pb.v, do, lse, delta, dk, dv,
+        dummy if dqbuf is None else dqbuf, dummy if dkp is None else dkp, dummy if dvp is None else dvp,
+        ix.row_ptr, ix.token_ids, tb.start, tb.length,
+        first, item_row, item_sub, slots,
+        *_strides(pb),
+        r_begin, r_end, pb.cap, pb.g, 0, pb.g, pb.d, pb.block_size, pb.scale * _LOG2E, pb.scale,
+        G=pb.g, TOK=tiles.tok, BLOCK_M=tiles.block_m, NUM_MT=num_mt,
+        BLOCK_N=tiles.block_n, NUM_KT=triton.cdiv(pb.block_size, tiles.block_n), D=pb.D,
+        FUSED_DQ=dqbuf is not None, PREC=pb.prec,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+    if work is not None:
+        _dkdv_merge_kernel[(r_end - r_begin, triton.cdiv(pb.block_size, tiles.block_n))](
+            dkp, dvp, dk, dv, ix.row_ptr, slots, tb.start, tb.length,
+            pb.k.stride(0), pb.k.stride(1), r_begin, pb.cap, work.per_item, pb.block_size, pb.d,
+            BLOCK_N=tiles.block_n, D=pb.D, num_warps=4,
+        )
+
+
+def _split_work(pb, chunks, tiles):
+    """Work list splitting long rows for dK/dV, its slot offsets and fp32 slot buffers."""
+    n_kv = max(c.n_kv for c in chunks)
+    per_item = tiles.tok * plan.split_tiles(tiles.tok, pb.entries(n_kv), pb.block_size, pb.d)
+    work = plan.work_list(pb.index.row_ptr, pb.entries(pb.h_kv), per_item, min_one=True)
+    slots = plan.split_slots(pb.index.row_ptr, per_item)
+    n_slots = 2 * pb.entries(n_kv) // per_item + 1
+    dkp = torch.empty(n_slots * pb.block_size * pb.d, dtype=torch.float32, device=pb.q.device)
+    return work, slots, dkp, torch.empty_like(dkp)
+
+
+def _backward_fast(pb: _Problem, o, lse, do, dlse):
+    delta = _delta(o, do, dlse)
+    dq, dk, dv = torch.empty_like(pb.q), torch.empty_like(pb.k), torch.empty_like(pb.v)
+    per_head = pb.total * pb.topk * pb.d * 4
+    tiles = plan.bwd_tiles(pb.g, pb.D, pb.block_size)
+    if plan.fits_whole_groups(pb.g, per_head):
+        # One pass: dK/dV of whole KV heads and the dq partials of all their heads.
+        chunks = plan.head_chunks(pb.h_kv, pb.g, per_head, allow_partial_groups=False)
+        dqbuf, _ = _chunk_buffers(pb, chunks, pb.d, torch.float32, False)
+        work, slots, dkp, dvp = _split_work(pb, chunks, tiles)
+        for c in chunks:
+            _launch_dkdv(pb, c, tiles, do, lse, delta, dk, dv, dqbuf=dqbuf, work=work, slots=slots, dkp=dkp, dvp=dvp)
+            _launch_merge(pb, c, SUM, dqbuf, None, dq, None)
+        return dq, dk, dv
+    # A group's dq partials exceed the budget: dK/dV for all heads at once, dq by head chunks.
+    everything = [plan.Chunk(0, pb.h_kv, 0, pb.g)]
+    work, slots, dkp, dvp = _split_work(pb, everything, tiles)
+    _launch_dkdv(pb, everything[0], tiles, do, lse, delta, dk, dv, work=work, slots=slots, dkp=dkp, dvp=dvp)
+    chunks = plan.head_chunks(pb.h_kv, pb.g, per_head)
+    dqbuf, _ = _chunk_buffers(pb, chunks, pb.d, torch.float32, False)
+    works = {}
+    for c in chunks:
+        ftiles = plan.fwd_tiles(c.heads, pb.D, pb.block_size, paper=False, dq=True)
+        per_item = ftiles.tok * ftiles.num_mt
+        if per_item not in works:
+            works[per_item] = plan.work_list(pb.index.row_ptr, pb.entries(pb.h_kv), per_item, min_one=False)
+        _launch_partial(pb, c, ftiles, DQ, dqbuf, None, work=works[per_item], do=do, lse=lse, delta=delta)
+        _launch_merge(pb, c, SUM, dqbuf, None, dq, None)
+    return dq, dk, dv
+
+
+def _backward_paper(pb: _Problem, o, lse, do, dlse, inner_loop: bool, early_return: bool):
+    delta = _delta(o, do, dlse)
+    dq, dk, dv = torch.empty_like(pb.q), torch.empty_like(pb.k), torch.empty_like(pb.v)
+    chunks = plan.head_chunks(pb.h_kv, pb.g, pb.total * pb.topk * pb.d * 4)
+    dqbuf, _ = _chunk_buffers(pb, chunks, pb.d, torch.float32, False)
+    switches = _paper_switches(pb, early_return)
+    tiles = plan.fwd_tiles(1, pb.D, pb.block_size, paper=True, dq=True, inner_loop=inner_loop)
+    for c in chunks:
+        _launch_partial(pb, c, tiles, DQ, dqbuf, None, paper_switches=switches, do=do, lse=lse, delta=delta)
+        _launch_merge(pb, c, SUM, dqbuf, None, dq, None)
+    _launch_dkdv(pb, plan.Chunk(0, pb.h_kv, 0, pb.g), plan.bwd_tiles(pb.g, pb.D, pb.block_size), do, lse, delta, dk, dv)
+    return dq, dk, dv
+
+
+class _FSAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, block_idx, cu_seqlens, block_size, scale, paper, inner_loop, early_return):
+        pb = _prepare(q, k, v, block_idx, cu_seqlens, block_size, scale)
+        o, lse = _forward_paper(pb, inner_loop, early_return) if paper else _forward_fast(pb)
+        ctx.save_for_backward(pb.q, pb.k, pb.v, o, lse)
+        # Derived index tensors are neither inputs nor outputs: kept as attributes.
+        ctx.index, ctx.table = pb.index, pb.table
+        ctx.args = (block_size, pb.scale, paper, inner_loop, early_return)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        block_size, scale, paper, inner_loop, early_return = ctx.args
+        pb = _Problem(q, k, v, ctx.index, ctx.table, block_size, scale)
+        do = torch.zeros_like(o) if do is None else do.contiguous()
+        dlse = None if dlse is None else dlse.contiguous().float()
+        if paper:
+            dq, dk, dv = _backward_paper(pb, o, lse, do, dlse, inner_loop, early_return)
+        else:
+            dq, dk, dv = _backward_fast(pb, o, lse, do, dlse)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def selected_attention_fsa_paper(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_idx: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    block_size: int,
+    scale: float | None = None,
+    inner_loop: bool = True,
+    early_return: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FSA paper's kernels (statistics, main, reduction); see the module docstring.
+
+    inner_loop=False: one program per query batch; early_return=False: programs run the
+    longest row's range, masked (the paper's Fig. 9 ablation). Returns (o, lse).
+    """
+    return _FSAFunction.apply(q, k, v, block_idx, cu_seqlens, block_size, scale, True, bool(inner_loop), bool(early_return))
+
+
+def selected_attention_fsa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_idx: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    block_size: int,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FSA loop order with log-sum-exp merged partials, grouped heads and a fused backward."""
+    return _FSAFunction.apply(q, k, v, block_idx, cu_seqlens, block_size, scale, False, True, True)

@@ -1,0 +1,160 @@
+"""FSA backward kernels that are KV-block-major: dK/dV without atomics (optionally with the dq
+partials of the same pass), the merge of rows split over several programs, and delta.
+
+``_dkdv_kernel``: one program per (CSR row, range of its tokens). For each key sub-tile of the
+block it loads K/V once and walks the row's selecting tokens (TOK tokens x G heads per tile,
+as in ``fsa_fwd``), accumulating dK and dV in fp32 registers. With FUSED_DQ it also writes each
+entry's dq partial (scale * ds K) to the compact buffer, so q, dO, lse and delta are gathered
+once for both gradients; with several key sub-tiles the later ones add to the partial the first
+one wrote (same program, same layout, so no race).
+
+A row whose tokens are spread over several programs (NUM_MT > 0 and row length > TOK *
+NUM_MT; the sink block is selected by every token) writes fp32 dK/dV partials to its own slots
+(``fsa_plan.split_slots``) and ``_dkdv_merge_kernel`` sums them; every other row writes dK/dV
+directly. NUM_MT = 0 gives one program per row, which walks all of it (the paper's layout).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .fsa_fwd import LOG2E, _work_item
+
+
+@triton.jit
+def _dkdv_kernel(
+    q, k, v, do, lse, delta, dk, dv, dqbuf, dkp, dvp,
+    row_ptr, token_ids, blk_start, blk_len,
+    first, item_row, item_sub, slot_first,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_lt,
+    r_begin, r_end, cap, g, j0, Gc, d, block_size, qk_scale, sm_scale,
+    G: tl.constexpr, TOK: tl.constexpr, BLOCK_M: tl.constexpr, NUM_MT: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_KT: tl.constexpr, D: tl.constexpr,
+    FUSED_DQ: tl.constexpr, PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if NUM_MT > 0:
+        r, sub, ok = _work_item(pid, first, item_row, item_sub, r_begin, r_end)
+        if ok == 0:
+            return
+    else:
+        r = r_begin + pid
+        sub = 0
+    hk = r // cap
+    gb = r - hk * cap
+    p_row = tl.load(row_ptr + r)
+    row_len = tl.load(row_ptr + r + 1) - p_row
+    if NUM_MT > 0:
+        c0 = sub * (TOK * NUM_MT)
+        n_mt = tl.maximum(tl.minimum(tl.cdiv(row_len - c0, TOK), NUM_MT), 0)
+        split = row_len > TOK * NUM_MT
+        slot = tl.load(slot_first + r) - tl.load(slot_first + r_begin) + sub
+    else:
+        c0 = 0
+        n_mt = tl.cdiv(row_len, TOK)
+    base = tl.load(row_ptr + r_begin)
+    kb = tl.load(blk_start + gb)
+    kl = tl.load(blk_len + gb)
+
+    ii = tl.arange(0, BLOCK_M) // G  # token of each tile row
+    jj = tl.arange(0, BLOCK_M) % G  # head of each tile row
+    hq = hk * g + j0 + jj
+    hcol = jj
+    dd = tl.arange(0, D)
+    dmask = dd < d
+    cn = tl.arange(0, BLOCK_N)
+    for kt in range(NUM_KT):
+        c = kt * BLOCK_N + cn
+        kmask = (c < kl)[:, None] & dmask[None, :]
+        kp = (kb + c).to(tl.int64)[:, None] * stride_kt + hk * stride_kh + dd[None, :]
+        k_blk = tl.load(k + kp, mask=kmask, other=0.0)
+        v_blk = tl.load(v + kp, mask=kmask, other=0.0)
+        dk_acc = tl.zeros([BLOCK_N, D], tl.float32)
+        dv_acc = tl.zeros([BLOCK_N, D], tl.float32)
+        for mt in range(0, n_mt):
+            t0 = c0 + mt * TOK
+            valid = (ii < TOK) & (t0 + ii < row_len)
+            pos = p_row + t0 + ii
+            tok = tl.load(token_ids + pos, mask=valid, other=0)
+            tok64 = tok.to(tl.int64)
+            qp = tok64[:, None] * stride_qt + hq[:, None] * stride_qh + dd[None, :]
+            qmask = valid[:, None] & dmask[None, :]
+            q_t = tl.load(q + qp, mask=qmask, other=0.0)
+            do_t = tl.load(do + qp, mask=qmask, other=0.0)
+            lp = tok64 * stride_lt + hq
+            lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E
+            dl = tl.load(delta + lp, mask=valid, other=0.0)
+            live = valid[:, None] & (c < kl)[None, :] & ((kb + c)[None, :] <= tok[:, None])
+            s = tl.dot(q_t, tl.trans(k_blk), input_precision=PREC) * qk_scale
+            p = tl.where(live, tl.exp2(s - lse2[:, None]), 0.0)
+            dv_acc += tl.dot(tl.trans(p.to(do_t.dtype)), do_t, input_precision=PREC)
+            dp = tl.dot(do_t, tl.trans(v_blk), input_precision=PREC)
+            ds = p * (dp - dl[:, None])
+            dk_acc += tl.dot(tl.trans(ds.to(q_t.dtype)), q_t, input_precision=PREC)
+            if FUSED_DQ:
+                dq = tl.dot(ds.to(k_blk.dtype), k_blk, input_precision=PREC) * sm_scale
+                dqp = dqbuf + ((pos - base).to(tl.int64) * Gc + hcol)[:, None] * d + dd[None, :]
+                if kt > 0:
+                    dq += tl.load(dqp, mask=qmask, other=0.0)
+                tl.store(dqp, dq, mask=qmask)
+        dk_acc = dk_acc * sm_scale
+        if NUM_MT > 0:
+            if split:
+                so = (slot.to(tl.int64) * block_size + c)[:, None] * d + dd[None, :]
+                tl.store(dkp + so, dk_acc, mask=kmask)
+                tl.store(dvp + so, dv_acc, mask=kmask)
+            else:
+                tl.store(dk + kp, dk_acc.to(dk.dtype.element_ty), mask=kmask)
+                tl.store(dv + kp, dv_acc.to(dv.dtype.element_ty), mask=kmask)
+        else:
+            tl.store(dk + kp, dk_acc.to(dk.dtype.element_ty), mask=kmask)
+            tl.store(dv + kp, dv_acc.to(dv.dtype.element_ty), mask=kmask)
+
+
+@triton.jit
+def _dkdv_merge_kernel(
+    dkp, dvp, dk, dv, row_ptr, slot_first, blk_start, blk_len,
+    stride_kt, stride_kh, r_begin, cap, per_item, block_size, d,
+    BLOCK_N: tl.constexpr, D: tl.constexpr,
+):
+    """One program per (row, key sub-tile): rows split over several programs sum their slots."""
+    r = r_begin + tl.program_id(0)
+    row_len = tl.load(row_ptr + r + 1) - tl.load(row_ptr + r)
+    n = tl.cdiv(row_len, per_item)
+    if n <= 1:
+        return
+    hk = r // cap
+    gb = r - hk * cap
+    slot0 = tl.load(slot_first + r) - tl.load(slot_first + r_begin)
+    kb = tl.load(blk_start + gb)
+    kl = tl.load(blk_len + gb)
+    c = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    dd = tl.arange(0, D)
+    kmask = (c < kl)[:, None] & (dd < d)[None, :]
+    acc_k = tl.zeros([BLOCK_N, D], tl.float32)
+    acc_v = tl.zeros([BLOCK_N, D], tl.float32)
+    for s in range(0, n):
+        so = ((slot0 + s).to(tl.int64) * block_size + c)[:, None] * d + dd[None, :]
+        acc_k += tl.load(dkp + so, mask=kmask, other=0.0)
+        acc_v += tl.load(dvp + so, mask=kmask, other=0.0)
+    kp = (kb + c).to(tl.int64)[:, None] * stride_kt + hk * stride_kh + dd[None, :]
+    tl.store(dk + kp, acc_k.to(dk.dtype.element_ty), mask=kmask)
+    tl.store(dv + kp, acc_v.to(dv.dtype.element_ty), mask=kmask)
+
+
+@triton.jit
+def _delta_kernel(o, do, dlse, delta, n_rows, d, HAS_DLSE: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr):
+    """delta[row] = sum_d o * dO - dlse[row] over rows = (token, head) of contiguous [total, h, d]
+    tensors: ds = p * (dp - delta) then also carries the gradient of the returned lse."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    dd = tl.arange(0, D)
+    rmask = rows < n_rows
+    offs = rows.to(tl.int64)[:, None] * d + dd[None, :]
+    mask = rmask[:, None] & (dd < d)[None, :]
+    x = tl.load(o + offs, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(do + offs, mask=mask, other=0.0).to(tl.float32)
+    acc = tl.sum(x * y, 1)
+    if HAS_DLSE:
+        acc -= tl.load(dlse + rows, mask=rmask, other=0.0)
+    tl.store(delta + rows, acc, mask=rmask)

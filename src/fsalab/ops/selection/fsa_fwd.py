@@ -1,0 +1,223 @@
+"""FSA's KV-block-outer kernels that write one partial result per (token, block) entry, and
+the token-outer kernel that merges each token's partials (no atomics anywhere).
+
+``_partial_kernel`` runs one program per (CSR row = (KV head, block), range of the row's
+tokens[, query head]). It loads the block's K/V once, then gathers the non-contiguous selecting
+tokens through ``token_ids`` in tiles of BLOCK_M MMA rows: TOK tokens x G query heads,
+token-major, so the g heads of a group share one K/V load and nothing is padded to the MMA
+minimum once TOK * G >= 16. Modes:
+
+- STATS (paper kernel 2): per entry and head, log2-sum-exp of the scores over the block; no V.
+- PAPER (paper kernel 1): sum_j exp(s_j - lse) v_j with the token's final lse precomputed by
+  STATS + merge, so the partials are already normalised and the merge is a plain sum.
+- FAST (ours): the block's own softmax, o_p = softmax(s) V and its log2-sum-exp, merged by
+  log-sum-exp: no statistics pass.
+- DQ (backward): scale * sum_j ds_j k_j with ds = p (dp - delta), p from the saved lse.
+
+Partials live in a compact buffer indexed by entry: row ``(p - base) * Gc + head`` where p is
+the entry's position in token_ids and ``base`` the first entry of the chunk of KV heads being
+processed; o-like partials are [rows, d], lse-like partials [rows] (log2 units).
+
+Scheduling: TABLE=True reads (row, sub-range) from a work list (``fsa_plan.work_list``), one
+item per NUM_MT tiles, so no program is idle. TABLE=False is the paper's grid: a flat grid of
+rows x head programs x ceil(total / (TOK * NUM_MT)) token ranges; with EARLY_RETURN a program
+past its row's end returns at once and stops after the row's last tile (the paper's early
+termination), without it every program up to the longest non-sink row runs NUM_MT full tiles,
+masked (the paper's "w/o early return" ablation; the sink block keeps its own range, as the
+paper launches it separately).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+# _partial_kernel modes
+STATS = tl.constexpr(0)
+PAPER = tl.constexpr(1)
+FAST = tl.constexpr(2)
+DQ = tl.constexpr(3)
+
+# _merge_kernel modes
+SUM = tl.constexpr(0)  # o = sum of partials (paper o, dq)
+LSE = tl.constexpr(1)  # o = sum 2^(lse_p - lse) o_p, and lse (ours)
+LSE_ONLY = tl.constexpr(2)  # lse only (paper statistics)
+
+
+@triton.jit
+def _work_item(pid, first, item_row, item_sub, r_begin, r_end):
+    """(row, index of the item in its row, 1 if pid maps to an item of rows [r_begin, r_end))."""
+    item = tl.load(first + r_begin) + pid
+    ok = item < tl.load(first + r_end)
+    item = tl.where(ok, item, 0)
+    return tl.load(item_row + item), tl.load(item_sub + item), ok.to(tl.int32)
+
+
+@triton.jit
+def _partial_kernel(
+    q, k, v, do, lse, delta, obuf, lbuf,
+    row_ptr, token_ids, blk_start, blk_len, blk_local,
+    first, item_row, item_sub, max_rest,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_lt,
+    r_begin, r_end, cap, g, j0, Gc, n_sub, d, qk_scale, sm_scale,
+    HP: tl.constexpr, G: tl.constexpr, TOK: tl.constexpr, BLOCK_M: tl.constexpr, NUM_MT: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_KT: tl.constexpr, D: tl.constexpr,
+    MODE: tl.constexpr, TABLE: tl.constexpr, EARLY_RETURN: tl.constexpr, PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if TABLE:
+        r, sub, ok = _work_item(pid, first, item_row, item_sub, r_begin, r_end)
+        if ok == 0:
+            return
+        jp = 0
+    else:
+        rh = pid // n_sub
+        sub = pid - rh * n_sub
+        r = r_begin + rh // HP
+        jp = (rh % HP) * G
+    hk = r // cap
+    gb = r - hk * cap
+    p_row = tl.load(row_ptr + r)
+    row_len = tl.load(row_ptr + r + 1) - p_row
+    c0 = sub * (TOK * NUM_MT)
+    if EARLY_RETURN:
+        if c0 >= row_len:
+            return
+        n_mt = tl.minimum(tl.cdiv(row_len - c0, TOK), NUM_MT)
+    else:
+        end = tl.where(tl.load(blk_local + gb) == 0, row_len, tl.load(max_rest))
+        if c0 >= end:
+            return
+        n_mt = NUM_MT
+    base = tl.load(row_ptr + r_begin)
+    kb = tl.load(blk_start + gb)
+    kl = tl.load(blk_len + gb)
+
+    ii = tl.arange(0, BLOCK_M) // G  # token of each tile row
+    jj = tl.arange(0, BLOCK_M) % G  # head of each tile row
+    hq = hk * g + j0 + jp + jj  # query head of each tile row
+    hcol = jp + jj  # its column in the chunk's buffers
+    dd = tl.arange(0, D)
+    dmask = dd < d
+    cn = tl.arange(0, BLOCK_N)
+    if NUM_KT == 1:  # the whole block in one key tile: load K/V once for all of the program's tiles
+        kmask = (cn < kl)[:, None] & dmask[None, :]
+        kp = (kb + cn).to(tl.int64)[:, None] * stride_kt + hk * stride_kh + dd[None, :]
+        k_blk = tl.load(k + kp, mask=kmask, other=0.0)
+        if MODE != STATS:
+            v_blk = tl.load(v + kp, mask=kmask, other=0.0)
+
+    for mt in range(0, n_mt):
+        t0 = c0 + mt * TOK
+        valid = (ii < TOK) & (t0 + ii < row_len)
+        pos = p_row + t0 + ii
+        tok = tl.load(token_ids + pos, mask=valid, other=0)
+        tok64 = tok.to(tl.int64)
+        qp = tok64[:, None] * stride_qt + hq[:, None] * stride_qh + dd[None, :]
+        qmask = valid[:, None] & dmask[None, :]
+        q_t = tl.load(q + qp, mask=qmask, other=0.0)
+        lp = tok64 * stride_lt + hq
+        if MODE == PAPER or MODE == DQ:
+            lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E
+        if MODE == DQ:
+            do_t = tl.load(do + qp, mask=qmask, other=0.0)
+            dl = tl.load(delta + lp, mask=valid, other=0.0)
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for kt in range(NUM_KT):
+            c = kt * BLOCK_N + cn
+            if NUM_KT > 1:
+                kmask = (c < kl)[:, None] & dmask[None, :]
+                kp = (kb + c).to(tl.int64)[:, None] * stride_kt + hk * stride_kh + dd[None, :]
+                k_blk = tl.load(k + kp, mask=kmask, other=0.0)
+                if MODE != STATS:
+                    v_blk = tl.load(v + kp, mask=kmask, other=0.0)
+            # Causal inside the own block: key position <= query position (same sequence).
+            live = valid[:, None] & (c < kl)[None, :] & ((kb + c)[None, :] <= tok[:, None])
+            s = tl.dot(q_t, tl.trans(k_blk), input_precision=PREC) * qk_scale
+            s = tl.where(live, s, float("-inf"))
+            if MODE == PAPER:
+                p = tl.exp2(s - lse2[:, None])
+                acc += tl.dot(p.to(v_blk.dtype), v_blk, input_precision=PREC)
+            elif MODE == DQ:
+                p = tl.exp2(s - lse2[:, None])
+                dp = tl.dot(do_t, tl.trans(v_blk), input_precision=PREC)
+                ds = p * (dp - dl[:, None])
+                acc += tl.dot(ds.to(k_blk.dtype), k_blk, input_precision=PREC)
+            else:
+                m_new = tl.maximum(m, tl.max(s, 1))
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m - m_use)
+                p = tl.exp2(s - m_use[:, None])
+                l = l * alpha + tl.sum(p, 1)
+                if MODE == FAST:
+                    acc = acc * alpha[:, None] + tl.dot(p.to(v_blk.dtype), v_blk, input_precision=PREC)
+                m = m_new
+
+        brow = (pos - base).to(tl.int64) * Gc + hcol
+        if MODE == STATS or MODE == FAST:
+            tl.store(lbuf + brow, tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf")), mask=valid)
+        if MODE != STATS:
+            if MODE == FAST:
+                acc = acc * (1.0 / tl.where(l > 0, l, 1.0))[:, None]  # one division per row
+            if MODE == DQ:
+                acc = acc * sm_scale
+            tl.store(obuf + brow[:, None] * d + dd[None, :], acc.to(obuf.dtype.element_ty), mask=qmask)
+
+
+@triton.jit
+def _merge_kernel(
+    obuf, lbuf, slot_pos, row_ptr, out, lse_out,
+    total, h_kv, topk, hk0, r_begin, g, j0, d, stride_ot, stride_oh, stride_lt,
+    G: tl.constexpr, TOK: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr, MODE: tl.constexpr,
+):
+    """One program per (TOK tokens, KV head of the chunk): rows are token-major x G heads; each
+    row walks its token's topk slots through slot_pos and merges the partials it finds."""
+    hk = hk0 + tl.program_id(1)
+    rr = tl.arange(0, BLOCK_R)
+    ii = rr // G
+    jj = rr % G
+    t = tl.program_id(0) * TOK + ii
+    valid = (ii < TOK) & (t < total)
+    t64 = t.to(tl.int64)
+    hq = hk * g + j0 + jj
+    dd = tl.arange(0, D)
+    dmask = dd < d
+    base = tl.load(row_ptr + r_begin)
+    slots = slot_pos + (t64 * h_kv + hk) * topk
+
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, D], tl.float32)
+    for kk in range(0, topk):
+        pos = tl.load(slots + kk, mask=valid, other=-1)
+        ok = pos >= 0
+        brow = (pos - base).to(tl.int64) * G + jj
+        optr = obuf + brow[:, None] * d + dd[None, :]
+        omask = ok[:, None] & dmask[None, :]
+        if MODE == SUM:
+            acc += tl.load(optr, mask=omask, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(lbuf + brow, mask=ok, other=float("-inf"))
+            m_new = tl.maximum(m, x)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m - m_use)
+            beta = tl.exp2(x - m_use)
+            l = l * alpha + beta
+            if MODE == LSE:
+                o_k = tl.load(optr, mask=omask, other=0.0).to(tl.float32)
+                acc = acc * alpha[:, None] + beta[:, None] * o_k
+            m = m_new
+
+    if MODE != LSE_ONLY:
+        if MODE == LSE:
+            acc = acc * (1.0 / tl.where(l > 0, l, 1.0))[:, None]  # one division per row
+        op = t64[:, None] * stride_ot + hq[:, None] * stride_oh + dd[None, :]
+        tl.store(out + op, acc.to(out.dtype.element_ty), mask=valid[:, None] & dmask[None, :])
+    if MODE != SUM:
+        lse_val = tl.where(l > 0, (m + tl.log2(tl.where(l > 0, l, 1.0))) * LN2, float("-inf"))
+        tl.store(lse_out + t64 * stride_lt + hq, lse_val, mask=valid)

@@ -1,0 +1,231 @@
+"""Host-side planning for the FSA kernels: block table, work lists, head chunks, tile sizes.
+
+Everything here is sized from shapes only (no host sync): tables are built with a handful of
+device ops from the CSR lists of ``index.build_selection_index``.
+
+Vocabulary (all counts in elements unless stated):
+- row: one CSR row of the selection index, ``kv_head * block_capacity + global_block``; it
+  lists the (token, slot) entries that selected that KV block.
+- entry: one (token, KV head, slot) with a valid block; entry ``p`` is position p of token_ids.
+- tile: BLOCK_M MMA rows = TOK tokens of one row x G query heads (token-major, heads inner).
+- item: the unit of one program of a work-list launch: up to ``per_item`` tokens of one row.
+- chunk: a set of query heads whose partial buffers are alive at the same time (memory bound).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .index import SelectionIndex
+
+# Bytes of per-entry partial buffers (partial o / lse, or dq) alive at once; heads are processed
+# in chunks that fit. 512 MiB keeps the extra memory of a 64K-token, 4-KV-head, d=128 call under
+# 1 GiB (the index lists and outputs come on top).
+BUFFER_BUDGET_BYTES = 512 << 20
+# Bytes of the fp32 dK/dV partials of rows split across several backward programs.
+SPLIT_BUDGET_BYTES = 64 << 20
+# Fewest tiles a backward program gets before long rows are split.
+MIN_SPLIT_TILES = 16
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _fix_interpreter_index() -> None:
+    """Let the Triton interpreter use computed scalars as loop bounds under numpy >= 2.4
+    (it keeps scalars as 1-element arrays and converts them with int(array)).
+
+    Same idempotent patch (same flag) as ``selection/nsa.py``, ``compression.py``, ``flash.py``.
+    """
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "_fsalab_fixed", False):
+        return
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._fsalab_fixed = True
+    interpreter._patch_lang_tensor = patched
+
+
+if interpreting():
+    _fix_interpreter_index()
+
+
+def pow2(x: int) -> int:
+    return triton.next_power_of_2(max(1, x))
+
+
+@dataclass(frozen=True)
+class BlockTable:
+    """Per global block b (int32 [block_capacity] each): packed index of its first key, its
+    number of keys (0 past the batch's real blocks), and its index inside its own sequence."""
+
+    start: torch.Tensor
+    length: torch.Tensor
+    local: torch.Tensor
+
+
+def block_table(index: SelectionIndex, cu_seqlens: torch.Tensor, block_size: int) -> BlockTable:
+    cap = index.block_capacity
+    offsets = index.block_offsets
+    batch = offsets.numel() - 1
+    gb = torch.arange(cap, dtype=torch.int32, device=offsets.device)
+    # Empty sequences repeat an offset; right=True lands on the sequence that owns the block.
+    seq = torch.searchsorted(offsets[1:].contiguous(), gb, right=True).clamp_(max=batch - 1)
+    local = gb - offsets[seq]
+    start = cu_seqlens[seq] + local * block_size
+    length = (cu_seqlens[seq + 1] - start).clamp(0, block_size)
+    length = torch.where(gb < offsets[-1], length, torch.zeros_like(length))
+    return BlockTable(start.to(torch.int32), length.to(torch.int32), local.to(torch.int32))
+
+
+@dataclass(frozen=True)
+class WorkList:
+    """Programs of a work-list launch, over all rows (any chunk takes a contiguous item range).
+
+    first    int32 [rows + 1]: index of each row's first item (exclusive cumsum of item counts).
+    item_row int32 [bound]: the row of each item.  item_sub int32 [bound]: its index in the row.
+    per_item tokens per item.  min_one: empty rows still get one item (to write zero dK/dV).
+    """
+
+    first: torch.Tensor
+    item_row: torch.Tensor
+    item_sub: torch.Tensor
+    per_item: int
+    min_one: bool
+
+    def grid(self, entries: int, rows: int) -> int:
+        """Programs that cover every item of ``rows`` rows holding at most ``entries`` entries."""
+        return triton.cdiv(entries, self.per_item) + rows
+
+
+def work_list(row_ptr: torch.Tensor, total_entries: int, per_item: int, min_one: bool) -> WorkList:
+    lens = row_ptr[1:] - row_ptr[:-1]
+    n = (lens + (per_item - 1)) // per_item
+    if min_one:
+        n = n.clamp(min=1)
+    cum = torch.cumsum(n, 0, dtype=torch.int32)
+    first = torch.cat([cum.new_zeros(1), cum])
+    rows = lens.numel()
+    bound = triton.cdiv(total_entries, per_item) + rows
+    items = torch.arange(bound, dtype=torch.int32, device=row_ptr.device)
+    item_row = torch.searchsorted(cum, items, right=True, out_int32=True)
+    item_sub = items - first[item_row.clamp(max=rows - 1)]
+    return WorkList(first, item_row, item_sub, per_item, min_one)
+
+
+def split_slots(row_ptr: torch.Tensor, per_item: int) -> torch.Tensor:
+    """int32 [rows + 1]: first dK/dV partial slot of each row split over several programs.
+
+    Only rows with more than one item own slots (one per item); a chunk of rows holding E
+    entries needs fewer than 2 * E / per_item + 1 slots (each such row has len > per_item).
+    """
+    lens = row_ptr[1:] - row_ptr[:-1]
+    n = (lens + (per_item - 1)) // per_item
+    n = torch.where(n > 1, n, torch.zeros_like(n))
+    cum = torch.cumsum(n, 0, dtype=torch.int32)
+    return torch.cat([cum.new_zeros(1), cum])
+
+
+def max_rest_len(row_ptr: torch.Tensor, table: BlockTable, h_kv: int) -> torch.Tensor:
+    """0-d int32: longest row over non-sink blocks (local index >= 1).
+
+    The paper's "no early return" ablation sizes its programs by this maximum (its grid runs the
+    sink block in a launch of its own), so programs of every other row mask instead of returning.
+    """
+    lens = (row_ptr[1:] - row_ptr[:-1]).view(h_kv, -1)
+    rest = torch.where(table.local[None, :] >= 1, lens, torch.zeros_like(lens))
+    return rest.amax().to(torch.int32) if rest.numel() else lens.new_zeros(())
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Query heads hk * g + j0 + [0, heads) for hk in [hk0, hk0 + n_kv): either whole groups
+    (j0 = 0, heads = g) of several KV heads, or part of one group (n_kv = 1)."""
+
+    hk0: int
+    n_kv: int
+    j0: int
+    heads: int
+
+
+def head_chunks(h_kv: int, g: int, per_head_bytes: int, allow_partial_groups: bool = True) -> list[Chunk]:
+    """Split the heads so that per_head_bytes * heads-in-chunk stays within BUFFER_BUDGET_BYTES.
+
+    With allow_partial_groups=False a chunk always holds whole groups (at least one, even over
+    budget): the fused backward needs every head of a group to finish a KV head's dK/dV.
+    """
+    fit = max(1, BUFFER_BUDGET_BYTES // max(1, per_head_bytes))
+    if fit >= g or not allow_partial_groups:
+        per = max(1, min(h_kv, fit // g))
+        return [Chunk(hk, min(per, h_kv - hk), 0, g) for hk in range(0, h_kv, per)]
+    parts = triton.cdiv(g, fit)
+    size = triton.cdiv(g, parts)
+    return [Chunk(hk, 1, j0, min(size, g - j0)) for hk in range(h_kv) for j0 in range(0, g, size)]
+
+
+def fits_whole_groups(g: int, per_head_bytes: int) -> bool:
+    return BUFFER_BUDGET_BYTES // max(1, per_head_bytes) >= g
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Launch shape of one kernel: BLOCK_M rows (TOK tokens x G heads), key sub-tiles of
+    BLOCK_N, NUM_MT tiles per program (the paper's inner loop), warps and pipeline stages."""
+
+    block_m: int
+    tok: int
+    block_n: int
+    num_mt: int
+    num_warps: int
+    num_stages: int
+
+
+def fwd_tiles(G: int, D: int, block_size: int, paper: bool, dq: bool = False, inner_loop: bool = True) -> Tiles:
+    """Tiles of _partial_kernel (forward modes, or the dq mode when dq=True).
+
+    The paper's kernel gathers B_Q queries of one head per batch (B_Q = 128 in its code, one of
+    the (1, 64, 128) its profiling searches; 64 here from d = 128 on, where 128 exhausts shared
+    memory) and runs 8 batches per program; ours gathers 64 rows of tokens x heads, 4 tiles per
+    program. Choices checked with ptxas for sm_90 (no spills at d <= 128, within 227 KiB).
+    """
+    num_mt = (8 if inner_loop else 1) if paper else 4
+    block_n = block_size if block_size * D <= 16384 else max(16, 16384 // D)
+    if interpreting():  # the interpreter pays per program: fewer, larger tiles; same loop structure
+        block_m, num_mt, warps, stages = max(32, pow2(G)), (num_mt if paper else 2), 4, 1
+    elif dq:
+        block_m, warps, stages = (64, 8, 1) if D <= 128 else (32, 8, 1)
+    elif paper:
+        block_m, warps, stages = (128, 8, 2) if D <= 64 else (64, 4, 2) if D <= 128 else (32, 8, 1)
+    else:
+        block_m, warps, stages = (64, 4, 2) if D <= 128 else (32, 4, 2) if block_size * D <= 16384 else (32, 8, 1)
+    block_m = max(block_m, pow2(G))
+    return Tiles(block_m, block_m // G, block_n, num_mt, warps, stages)
+
+
+def bwd_tiles(G: int, D: int, block_size: int) -> Tiles:
+    """dK/dV tiles: fp32 dK and dV accumulators of BLOCK_N x D each live in registers."""
+    block_n = min(block_size, 64)
+    if interpreting():
+        block_m, warps, stages = max(32, pow2(G)), 4, 1
+    else:
+        block_m, warps, stages = max(32, pow2(G)), 8, (2 if D <= 128 else 1)
+    return Tiles(block_m, block_m // G, block_n, 0, warps, stages)
+
+
+def split_tiles(tok: int, entries: int, block_size: int, d: int) -> int:
+    """Tiles per backward program: long rows (the sink block is selected by every token) are
+    split so no program runs much longer than the rest, with fp32 partial dK/dV of the split
+    rows within SPLIT_BUDGET_BYTES."""
+    slot_bytes = block_size * d * 8
+    min_tokens = triton.cdiv(2 * entries * slot_bytes, SPLIT_BUDGET_BYTES)
+    return max(MIN_SPLIT_TILES, triton.cdiv(min_tokens, tok))

@@ -1,0 +1,480 @@
+"""NSA's query-outer selected-attention kernel (NSA paper §3.4, DESIGN §5), forward and backward.
+
+Forward: one program per (token, KV head). The g query heads of the token are the MMA's M
+dimension, padded to BLOCK_H = max(16, next_pow2(g)) and masked; the program walks the
+token's selected blocks in order (stopping at the first -1) with an exp2 online softmax, causal
+only inside the last (own) block. Head dims are padded to BLOCK_D = next_pow2(d) and masked.
+
+Backward:
+- dq (and delta = rowsum(o * do) - dlse): one program per (token, KV head), same loop as forward.
+- dk/dv: KV-block-outer over the CSR lists of ``index.build_selection_index``; one program per
+  (KV head, block, BLOCK_N keys) walks the (token, head) rows that selected the block, so no
+  atomics are needed. Lists longer than ``_segment_entries`` (the attention sink is selected by
+  every token) are split: extra segments write fp32 partials to a buffer that the row's first
+  segment adds in a fixed order, keeping the result deterministic and the load balanced.
+
+Shapes: q [total, h, d], k/v [total, h_kv, d], block_idx int32 [total, h_kv, topk] (local block
+ids, ascending, -1 padding), cu_seqlens int32 [batch + 1]. Outputs: o [total, h, d] in q.dtype,
+lse [total, h] fp32 natural log (-inf where nothing is selected, with o = 0).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ...varlen import sequence_ids
+from .index import SelectionIndex, block_spans, build_selection_index
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_LOG2E = 1.4426950408889634
+
+
+def _fix_interpreter_index() -> None:
+    """Let the Triton interpreter use loaded scalars as loop bounds under numpy >= 2.4.
+
+    The interpreter keeps scalars as 1-element arrays and converts them with ``int(array)``,
+    which numpy 2.4 rejects; ``range(n_steps)`` over a loaded count then fails. Compiled
+    kernels are unaffected.
+    """
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "_fsalab_fixed", False):
+        return
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._fsalab_fixed = True
+    interpreter._patch_lang_tensor = patched
+
+
+if _INTERPRET:
+    _fix_interpreter_index()
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop configs whose key tile exceeds the selection block (tiles never straddle blocks)."""
+    block_size = kwargs.get("BLOCK_SIZE", named_args.get("BLOCK_SIZE"))
+    kept = [c for c in configs if c.kwargs["BLOCK_N"] <= block_size]
+    return kept or [triton.Config({**configs[0].kwargs, "BLOCK_N": block_size}, num_warps=4, num_stages=2)]
+
+
+# Autotuning compiles every config once per (d, g, block_size, dtype): off under the interpreter, and
+# with FSALAB_AUTOTUNE=0 (e.g. for short GPU test runs), where the launch's default meta is used.
+_TUNE = not _INTERPRET and os.environ.get("FSALAB_AUTOTUNE", "1") != "0"
+
+
+def _autotune(configs):
+    """Autotune keyed on (d, g, block_size) when tuning is on; the bare kernel otherwise."""
+
+    def wrap(fn):
+        if not _TUNE:
+            return fn
+        prune = {"early_config_prune": _prune}
+        return triton.autotune(configs, key=["D", "G", "BLOCK_SIZE"], prune_configs_by=prune)(fn)
+
+    return wrap
+
+
+def _launch_defaults(meta: dict, block_size: int, elem_bytes: int, kv_outer: bool) -> dict:
+    """Launch meta-parameters: {} when autotuned, else a config that fits any shape on sm_80+.
+
+    BLOCK_N = 64 keys (32 for d > 128, where [BLOCK_N, d] fp32 dk/dv accumulators spill), capped
+    by the block; KV-outer kernels take 8 warps and BLOCK_M = 64 rows (32 when fp32 rows of
+    d = 256 would overflow shared memory), query-outer ones 4 warps; two pipeline stages.
+    """
+    if _TUNE:
+        return {}
+    wide = meta["BLOCK_D"] > 128
+    out = dict(BLOCK_N=min(32 if wide else 64, block_size), num_stages=2, num_warps=8 if kv_outer else 4)
+    if kv_outer:
+        out["BLOCK_M"] = 32 if wide and elem_bytes > 2 else 64
+    return out
+
+
+def _cfg(block_n, warps, stages, block_m=None):
+    kw = {"BLOCK_N": block_n} if block_m is None else {"BLOCK_M": block_m, "BLOCK_N": block_n}
+    return triton.Config(kw, num_warps=warps, num_stages=stages)
+
+
+# Few configs each: the GPU check compiles all of them for every shape key. Query-outer kernels
+# (fwd, dq): [BLOCK_H, d] x [d, BLOCK_N] tiles whose K/V loads come mostly from L2, so the
+# configs trade pipeline depth (shared memory) against resident programs.
+_FWD_CONFIGS = [_cfg(64, 4, 2), _cfg(64, 4, 3), _cfg(64, 2, 3), _cfg(32, 4, 3)]
+_DQ_CONFIGS = [_cfg(64, 4, 2), _cfg(64, 4, 3), _cfg(64, 8, 2)]
+# KV-outer dk/dv kernels: [BLOCK_N, d] fp32 accumulators (dk, dv) and K/V tiles live in registers,
+# so 8 warps (4 spill at d = 128 on sm_90); BLOCK_N = 32 is the spill-free choice at d = 256.
+_KV_CONFIGS = [_cfg(64, 8, 2, 64), _cfg(64, 8, 3, 64), _cfg(64, 8, 2, 32), _cfg(32, 8, 2, 64)]
+# The extra-segment kernel runs few programs (long lists only): the d <= 128 and d = 256 picks.
+_KV_EXTRA_CONFIGS = [_cfg(64, 8, 2, 64), _cfg(32, 8, 2, 64)]
+
+
+@triton.jit
+def _num_steps(
+    idx_base, pos, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """Key tiles to visit: every tile of the selected blocks before the first -1, except the tiles
+    of the last block that lie wholly after the token (pos = its position in its sequence)."""
+    offs = tl.arange(0, TOPK_PAD)
+    sel = tl.load(idx_base + offs, mask=offs < TOPK, other=-1)
+    n_sel = tl.min(tl.where(sel < 0, offs, TOPK_PAD), axis=0)
+    last = tl.load(idx_base + tl.maximum(n_sel - 1, 0))
+    tail = tl.minimum(pos - last * BLOCK_SIZE + 1, BLOCK_SIZE)
+    steps = (n_sel - 1) * (BLOCK_SIZE // BLOCK_N) + tl.cdiv(tail, BLOCK_N)
+    return tl.where(n_sel > 0, steps, 0)
+
+
+@_autotune(_FWD_CONFIGS)
+@triton.jit
+def _fwd_kernel(
+    Q, K, V, O, LSE, BLOCK_IDX, TOK_START, qk_scale,
+    H_KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """o and lse of the g query heads of token t (program axis 0) that share KV head hk (axis 1).
+
+    Axis 0 runs fastest, so resident programs share one KV head's K/V working set in L2.
+    """
+    t = tl.program_id(0)
+    hk = tl.program_id(1)
+    start = tl.load(TOK_START + t)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    h_mask = offs_h < G
+    d_mask = offs_d < D
+    rows = t.to(tl.int64) * (H_KV * G) + hk * G + offs_h
+    q_mask = h_mask[:, None] & d_mask[None, :]
+    q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=q_mask, other=0.0)
+
+    idx_base = BLOCK_IDX + (t.to(tl.int64) * H_KV + hk) * TOPK
+    steps = _num_steps(idx_base, t - start, TOPK, TOPK_PAD, BLOCK_SIZE, BLOCK_N)
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for j in range(steps):
+        blk = tl.load(idx_base + j // (BLOCK_SIZE // BLOCK_N))
+        key = start + blk * BLOCK_SIZE + (j % (BLOCK_SIZE // BLOCK_N)) * BLOCK_N + offs_n
+        k_mask = key <= t  # causal; only ever false inside the own (last) block
+        kv_ptr = (key.to(tl.int64) * H_KV + hk) * D
+        kv_mask = k_mask[:, None] & d_mask[None, :]
+        k = tl.load(K + kv_ptr[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        s = tl.where(k_mask[None, :], s, float("-inf"))
+        # The first tile of every block holds key blk * B <= t, so m is finite from the first step on.
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(V + kv_ptr[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+
+    seen = l > 0
+    l_safe = tl.where(seen, l, 1.0)
+    o = acc / l_safe[:, None]
+    lse = tl.where(seen, (m + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    tl.store(O + rows[:, None] * D + offs_d[None, :], o.to(O.dtype.element_ty), mask=q_mask)
+    tl.store(LSE + rows, lse, mask=h_mask)
+
+
+@_autotune(_DQ_CONFIGS)
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, O, DO, LSE, DLSE, DELTA, DQ, BLOCK_IDX, TOK_START, sm_scale, qk_scale,
+    H_KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_DLSE: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """dq, and DELTA = rowsum(o * do) - dlse for the dk/dv kernels (d lse / d s = p)."""
+    t = tl.program_id(0)
+    hk = tl.program_id(1)
+    start = tl.load(TOK_START + t)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    h_mask = offs_h < G
+    d_mask = offs_d < D
+    rows = t.to(tl.int64) * (H_KV * G) + hk * G + offs_h
+    q_mask = h_mask[:, None] & d_mask[None, :]
+    row_ptr = rows[:, None] * D + offs_d[None, :]
+    q = tl.load(Q + row_ptr, mask=q_mask, other=0.0)
+    do = tl.load(DO + row_ptr, mask=q_mask, other=0.0)
+    o = tl.load(O + row_ptr, mask=q_mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + rows, mask=h_mask, other=0.0)
+    tl.store(DELTA + rows, delta, mask=h_mask)
+    # Empty rows (lse = -inf) run no step; padded heads read 0 and contribute 0 (do = 0).
+    lse2 = tl.load(LSE + rows, mask=h_mask, other=0.0) * 1.4426950408889634
+
+    idx_base = BLOCK_IDX + (t.to(tl.int64) * H_KV + hk) * TOPK
+    steps = _num_steps(idx_base, t - start, TOPK, TOPK_PAD, BLOCK_SIZE, BLOCK_N)
+    dq = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for j in range(steps):
+        blk = tl.load(idx_base + j // (BLOCK_SIZE // BLOCK_N))
+        key = start + blk * BLOCK_SIZE + (j % (BLOCK_SIZE // BLOCK_N)) * BLOCK_N + offs_n
+        k_mask = key <= t
+        kv_ptr = (key.to(tl.int64) * H_KV + hk) * D
+        kv_mask = k_mask[:, None] & d_mask[None, :]
+        k = tl.load(K + kv_ptr[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + kv_ptr[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        p = tl.where(k_mask[None, :], tl.exp2(s - lse2[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    tl.store(DQ + row_ptr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def _dkdv_segment(
+    Q, DO, LSE, DELTA, TOKEN_IDS, k, v, key, lo, hi, hk, qk_scale,
+    H_KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Unscaled dk, dv [BLOCK_N, BLOCK_D] (fp32) of keys ``key`` from CSR entries [lo, hi).
+
+    The entries' (token, head) pairs are flattened to rows r -> (entry lo + r // G, head r % G),
+    so any g fills the MMA's M dimension without padding.
+    """
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    n_rows = (hi - lo) * G
+    for r0 in range(0, n_rows, BLOCK_M):
+        r = r0 + offs_m
+        r_mask = r < n_rows
+        tok = tl.load(TOKEN_IDS + lo + r // G, mask=r_mask, other=0)
+        rows = tok.to(tl.int64) * (H_KV * G) + hk * G + r % G
+        mask = r_mask[:, None] & d_mask[None, :]
+        q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=mask, other=0.0)
+        do = tl.load(DO + rows[:, None] * D + offs_d[None, :], mask=mask, other=0.0)
+        lse2 = tl.load(LSE + rows, mask=r_mask, other=0.0) * 1.4426950408889634
+        delta = tl.load(DELTA + rows, mask=r_mask, other=0.0)
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # [BLOCK_N, BLOCK_M]
+        visible = r_mask[None, :] & (key[:, None] <= tok[None, :])
+        p_t = tl.where(visible, tl.exp2(s_t - lse2[None, :]), 0.0)
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=PRECISION)
+    return dk, dv
+
+
+@_autotune(_KV_EXTRA_CONFIGS)
+@triton.jit
+def _bwd_dkdv_extra_kernel(
+    Q, K, V, DO, LSE, DELTA, TOKEN_IDS, ROW_PTR, EXTRA_PTR, EXTRA_ROW, BLOCK_START, BLOCK_LEN, BUF_DK, BUF_DV,
+    qk_scale, capacity, num_rows,
+    H_KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, SEG: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Segments 1, 2, ... of long CSR rows: fp32 partial dk/dv into BUF [extra, BLOCK_SIZE, D]."""
+    e = tl.program_id(0) // (BLOCK_SIZE // BLOCK_N)
+    sub = tl.program_id(0) % (BLOCK_SIZE // BLOCK_N)
+    row = tl.load(EXTRA_ROW + e)
+    if row < num_rows:  # the grid is an upper bound on the extra segments
+        hk = row // capacity
+        blk = row % capacity
+        lo = tl.load(ROW_PTR + row) + (e - tl.load(EXTRA_PTR + row) + 1) * SEG
+        hi = tl.minimum(tl.load(ROW_PTR + row + 1), lo + SEG)
+        offs_n = sub * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        key = tl.load(BLOCK_START + blk) + offs_n
+        kv_ptr = (key.to(tl.int64) * H_KV + hk) * D
+        kv_mask = (offs_n < tl.load(BLOCK_LEN + blk))[:, None] & (offs_d < D)[None, :]
+        k = tl.load(K + kv_ptr[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + kv_ptr[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        dk, dv = _dkdv_segment(Q, DO, LSE, DELTA, TOKEN_IDS, k, v, key, lo, hi, hk, qk_scale,
+                               H_KV, G, D, BLOCK_D, PRECISION, BLOCK_M, BLOCK_N)  # fmt: skip
+        buf = (e.to(tl.int64) * BLOCK_SIZE + offs_n[:, None]) * D + offs_d[None, :]
+        tl.store(BUF_DK + buf, dk, mask=kv_mask)
+        tl.store(BUF_DV + buf, dv, mask=kv_mask)
+
+
+@_autotune(_KV_CONFIGS)
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, TOKEN_IDS, ROW_PTR, EXTRA_PTR, BLOCK_START, BLOCK_LEN, BUF_DK, BUF_DV,
+    sm_scale, qk_scale, capacity,
+    H_KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, SEG: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """dk/dv of BLOCK_N keys of one (KV head, block): the row's first segment, plus its extra partials."""
+    # The key tiles of one block run back to back, so the gathered q/do rows are reused from L2.
+    row = tl.program_id(0) // (BLOCK_SIZE // BLOCK_N)
+    sub = tl.program_id(0) % (BLOCK_SIZE // BLOCK_N)
+    hk = row // capacity
+    blk = row % capacity
+    offs_n = sub * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    length = tl.load(BLOCK_LEN + blk)  # 0 for block ids past the batch's last block
+    if sub * BLOCK_N < length:
+        key = tl.load(BLOCK_START + blk) + offs_n
+        kv_ptr = (key.to(tl.int64) * H_KV + hk) * D
+        kv_mask = (offs_n < length)[:, None] & (offs_d < D)[None, :]
+        k = tl.load(K + kv_ptr[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + kv_ptr[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        lo = tl.load(ROW_PTR + row)
+        hi = tl.minimum(tl.load(ROW_PTR + row + 1), lo + SEG)
+        dk, dv = _dkdv_segment(Q, DO, LSE, DELTA, TOKEN_IDS, k, v, key, lo, hi, hk, qk_scale,
+                               H_KV, G, D, BLOCK_D, PRECISION, BLOCK_M, BLOCK_N)  # fmt: skip
+        # Partials of the other segments, added in segment order: deterministic, no atomics.
+        x0 = tl.load(EXTRA_PTR + row)
+        buf = (x0.to(tl.int64) * BLOCK_SIZE + offs_n[:, None]) * D + offs_d[None, :]
+        for _ in range(x0, tl.load(EXTRA_PTR + row + 1)):
+            dk += tl.load(BUF_DK + buf, mask=kv_mask, other=0.0)
+            dv += tl.load(BUF_DV + buf, mask=kv_mask, other=0.0)
+            buf += BLOCK_SIZE * D
+        tl.store(DK + kv_ptr[:, None] + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+        tl.store(DV + kv_ptr[:, None] + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+def _segment_entries(g: int) -> int:
+    """CSR entries per dk/dv program: ~16K (token, head) rows of work, at least 1024 entries.
+
+    The floor bounds the partial buffer at total * h_kv * topk / 1024 fp32 [block_size, d] tiles
+    (dk and dv); rows below the segment size (the common case, ~block_size * topk entries) need none.
+    """
+    return max(1024, 16384 // g)
+
+
+def _kernel_meta(q: torch.Tensor, k: torch.Tensor, block_size: int) -> dict:
+    """Compile-time parameters of every kernel: heads, head dim and its tile, block size, dot precision.
+
+    fp32 inputs get IEEE dots (exact fp32, for tests); the precision is ignored for fp16/bf16.
+    """
+    h_kv, d = k.shape[1], k.shape[2]
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    return dict(H_KV=h_kv, G=q.shape[1] // h_kv, D=d, BLOCK_SIZE=block_size, BLOCK_D=triton.next_power_of_2(d),
+                PRECISION=precision)  # fmt: skip
+
+
+def _query_meta(block_idx: torch.Tensor, g: int) -> dict:
+    """Query-outer kernels: the block_idx row (tile padded to a power of two), the padded head tile."""
+    topk = block_idx.shape[2]
+    return dict(TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk), BLOCK_H=max(16, triton.next_power_of_2(g)))
+
+
+def _token_starts(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """int32 [total]: packed index of the first token of each token's sequence."""
+    return cu_seqlens[sequence_ids(cu_seqlens, total)].contiguous()
+
+
+def _forward(q, k, v, block_idx, cu_seqlens, block_size, scale):
+    total, h, _ = q.shape
+    o = torch.empty_like(q)
+    lse = torch.empty(total, h, dtype=torch.float32, device=q.device)
+    tok_start = _token_starts(cu_seqlens, total)
+    if total == 0:
+        return o, lse, tok_start
+    meta = _kernel_meta(q, k, block_size)
+    _fwd_kernel[(total, meta["H_KV"])](
+        q, k, v, o, lse, block_idx, tok_start, scale * _LOG2E, **meta, **_query_meta(block_idx, meta["G"]),
+        **_launch_defaults(meta, block_size, q.element_size(), kv_outer=False),
+    )  # fmt: skip
+    return o, lse, tok_start
+
+
+def _backward(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, tok_start, block_size, scale, index):
+    total, h, d = q.shape
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if total == 0:
+        return dq, dk, dv
+    meta = _kernel_meta(q, k, block_size)
+    h_kv, g = meta["H_KV"], meta["G"]
+    delta = torch.empty(total, h, dtype=torch.float32, device=q.device)
+    _bwd_dq_kernel[(total, h_kv)](
+        q, k, v, o, do, lse, dlse if dlse is not None else lse, delta, dq, block_idx, tok_start,
+        scale, scale * _LOG2E, HAS_DLSE=dlse is not None, **meta, **_query_meta(block_idx, g),
+        **_launch_defaults(meta, block_size, q.element_size(), kv_outer=False),
+    )  # fmt: skip
+
+    capacity = index.block_capacity
+    num_rows = h_kv * capacity
+    seg = _segment_entries(g)
+    block_start, block_len, _ = block_spans(index, cu_seqlens, block_size)
+    # Extra segments per row (beyond the first) and their exclusive prefix sum.
+    counts = index.row_ptr[1:] - index.row_ptr[:-1]
+    extra = ((counts - 1).clamp(min=0) // seg).to(torch.int32)
+    extra_ptr = torch.zeros(num_rows + 1, dtype=torch.int32, device=q.device)
+    extra_ptr[1:] = torch.cumsum(extra, 0)
+    max_extra = index.token_ids.numel() // seg  # sum_r floor((c_r - 1) / seg) <= entries / seg
+    buf_dk = buf_dv = dk  # placeholders, never read when no row has extra segments
+    if max_extra > 0:
+        extra_row = torch.searchsorted(
+            extra_ptr[1:].contiguous(), torch.arange(max_extra, device=q.device, dtype=torch.int32), right=True
+        ).to(torch.int32)
+        buf_dk = torch.empty(max_extra, block_size, d, dtype=torch.float32, device=q.device)
+        buf_dv = torch.empty_like(buf_dk)
+        _bwd_dkdv_extra_kernel[lambda launch: (max_extra * (block_size // launch["BLOCK_N"]),)](
+            q, k, v, do, lse, delta, index.token_ids, index.row_ptr, extra_ptr, extra_row, block_start,
+            block_len, buf_dk, buf_dv, scale * _LOG2E, capacity, num_rows, SEG=seg,
+            **meta, **_launch_defaults(meta, block_size, q.element_size(), kv_outer=True),
+        )  # fmt: skip
+    _bwd_dkdv_kernel[lambda launch: (num_rows * (block_size // launch["BLOCK_N"]),)](
+        q, k, v, do, lse, delta, dk, dv, index.token_ids, index.row_ptr, extra_ptr, block_start, block_len,
+        buf_dk, buf_dv, scale, scale * _LOG2E, capacity, SEG=seg,
+        **meta, **_launch_defaults(meta, block_size, q.element_size(), kv_outer=True),
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+class _SelectedAttentionNSA(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, block_idx, cu_seqlens, block_size, scale, index):
+        o, lse, tok_start = _forward(q, k, v, block_idx, cu_seqlens, block_size, scale)
+        ctx.save_for_backward(q, k, v, o, lse, block_idx, cu_seqlens, tok_start)
+        ctx.block_size, ctx.scale, ctx.index = block_size, scale, index
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse, block_idx, cu_seqlens, tok_start = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(o)
+        index = ctx.index if ctx.index is not None else build_selection_index(block_idx, cu_seqlens, ctx.block_size)
+        dq, dk, dv = _backward(
+            q, k, v, o, lse, do.contiguous(), None if dlse is None else dlse.contiguous(), block_idx,
+            cu_seqlens, tok_start, ctx.block_size, ctx.scale, index,
+        )  # fmt: skip
+        return dq, dk, dv, None, None, None, None, None
+
+
+def selected_attention_nsa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_idx: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    block_size: int,
+    scale: float | None = None,
+    index: SelectionIndex | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Selected attention with NSA's query-outer kernel; differentiable in q, k, v.
+
+    q [total, h, d], k/v [total, h_kv, d] (fp16/bf16/fp32, d <= 256, h / h_kv <= 16),
+    block_idx int32 [total, h_kv, topk], cu_seqlens int32 [batch + 1], block_size a power of two
+    >= 16. ``index`` is an already built ``build_selection_index(block_idx, cu_seqlens,
+    block_size)`` to reuse in backward (built there otherwise). Inputs are validated by
+    ``selection.selected_attention``. Returns o [total, h, d] in q.dtype and lse [total, h] fp32.
+    """
+    if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
+    if q.device.type != "cuda" and not _INTERPRET:
+        raise ValueError(f"the NSA kernel needs CUDA tensors (or TRITON_INTERPRET=1), got device {q.device}")
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    q, k, v, block_idx, cu_seqlens = (t.contiguous() for t in (q, k, v, block_idx, cu_seqlens))
+    return _SelectedAttentionNSA.apply(q, k, v, block_idx, cu_seqlens, block_size, scale, index)

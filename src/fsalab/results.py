@@ -1,0 +1,122 @@
+"""Read measured results into tidy pandas frames; write the aggregated tables.
+
+Layout (DESIGN §2): ``results/<platform>/<experiment>/<point>.json`` (one row each, written by
+the runners) -> ``results/<platform>/<experiment>.csv`` (one measurement a row, the DESIGN
+columns first, nested fields flattened, samples dropped). Notebooks and the REPRODUCTION.md
+generator read the CSVs through ``load_table``; every row is checked against
+``workflow/schemas/result.schema.yaml`` on the way in.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from .bench.grid import load_schema, repo_root, validate
+
+# DESIGN §2 columns, in order (kept in sync with fsalab.bench.kernel.COLUMNS by a test).
+COLUMNS = (
+    "experiment", "op", "impl", "direction", "model", "N", "batch", "h", "h_kv", "g", "d",
+    "block_size", "topk", "dtype", "median_ms", "p20_ms", "p80_ms", "n_samples",
+    "useful_tflops", "peak_mem_gib", "status",
+)
+# Flattened nested fields: column -> path inside the JSON row.
+_NESTED = {
+    "check_status": ("check", "status"),
+    "check_tokens": ("check", "tokens"),
+    "check_max_err": ("check", "outputs", "o", "max_err"),
+    "timing_method": ("timing", "method"),
+    "indices_from": ("inputs", "indices_from"),
+    "mean_selected_blocks": ("inputs", "mean_selected_blocks"),
+    "gpu": ("provenance", "gpu"),
+    "driver": ("provenance", "driver"),
+    "torch": ("provenance", "torch"),
+    "triton": ("provenance", "triton"),
+    "git_commit": ("provenance", "git_commit"),
+    "timestamp": ("provenance", "timestamp"),
+}
+_DROP = {"samples_ms", "provenance", "check", "timing", "inputs", "traceback", "sources"}
+
+
+def results_root(results_dir: str | Path | None = None) -> Path:
+    """``results_dir`` or ``<repo>/results``."""
+    return Path(results_dir) if results_dir is not None else repo_root() / "results"
+
+
+def platforms(results_dir: str | Path | None = None) -> list[str]:
+    """Platforms with a results folder, sorted."""
+    root = results_root(results_dir)
+    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def _get(row: dict, path: tuple[str, ...]):
+    for key in path:
+        if not isinstance(row, dict) or key not in row:
+            return None
+        row = row[key]
+    return row
+
+
+def flatten(row: dict) -> dict:
+    """One JSON result row -> one flat table row (DESIGN columns first)."""
+    flat = {c: row.get(c) for c in COLUMNS}
+    for key, value in row.items():
+        if key in flat or key in _DROP:
+            continue
+        flat[key] = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
+    for col, path in _NESTED.items():
+        flat[col] = _get(row, path)
+    if isinstance(row.get("sources"), dict):
+        flat.update({f"source_{k}": v for k, v in row["sources"].items()})
+    return flat
+
+
+def load_rows(platform: str, experiment: str, results_dir: str | Path | None = None) -> list[dict]:
+    """Every JSON row of ``results/<platform>/<experiment>/``, schema-checked, sorted by point."""
+    folder = results_root(results_dir) / platform / experiment
+    schema = load_schema("result")
+    rows = []
+    for path in sorted(folder.glob("*.json")):
+        rows.append(validate(json.loads(path.read_text()), schema, str(path)))
+    return rows
+
+
+def to_frame(rows: list[dict]) -> pd.DataFrame:
+    """Tidy frame of rows; an empty frame still has the DESIGN columns."""
+    if not rows:
+        return pd.DataFrame(columns=list(COLUMNS))
+    return pd.DataFrame([flatten(r) for r in rows])
+
+
+def aggregate(platform: str, experiment: str, results_dir: str | Path | None = None, out: str | Path | None = None) -> Path:
+    """Write ``results/<platform>/<experiment>.csv`` from the point files; returns its path."""
+    df = to_frame(load_rows(platform, experiment, results_dir))
+    out = Path(out) if out is not None else results_root(results_dir) / platform / f"{experiment}.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out, index=False)
+    return out
+
+
+def load_table(platform: str, experiment: str, results_dir: str | Path | None = None) -> pd.DataFrame:
+    """The aggregated table, or one built from the point files when the CSV is missing;
+    an empty frame (with the DESIGN columns) when there are no results at all."""
+    root = results_root(results_dir)
+    csv = root / platform / f"{experiment}.csv"
+    if csv.is_file():
+        df = pd.read_csv(csv)
+        return df if len(df.columns) else pd.DataFrame(columns=list(COLUMNS))
+    return to_frame(load_rows(platform, experiment, results_dir)) if (root / platform / experiment).is_dir() else to_frame([])
+
+
+def ok(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose status is ``ok``."""
+    return df[df["status"] == "ok"] if "status" in df else df
+
+
+def paper_values() -> dict:
+    """The paper's reported numbers used beside ours (``analysis/paper_values.yaml``)."""
+    with open(repo_root() / "analysis" / "paper_values.yaml") as fh:
+        return yaml.safe_load(fh)

@@ -1,0 +1,146 @@
+"""Experiment configs, the kernel runner, aggregation and the REPRODUCTION.md writer (CPU, tiny)."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from fsalab import cli, reproduction, results
+from fsalab.bench import grid, kernel, provenance, timing
+from fsalab.bench.grid import repo_root
+
+EXPERIMENTS = sorted(p.stem for p in (repo_root() / "experiments").glob("*.yaml") if p.stem != "smoke")
+SMOKE_EXPERIMENTS = sorted(grid.load_smoke()["experiments"])
+TINY = {
+    "op": "selected", "impl": "reference", "direction": "fwd+bwd", "N": 80, "batch": 2, "h_kv": 1, "g": 2, "d": 16,
+    "kernel_size": 16, "kernel_stride": 16, "block_size": 16, "topk": 3, "window_size": 32, "dtype": "float32",
+}
+CPU_EXP = {"timing": {"method": "wallclock", "warmup": 0, "repeats": 2, "memory": False}, "check": {"max_tokens": 48}}
+
+
+def _tiny_exp(**overrides) -> dict:
+    exp = grid.validate(
+        {"experiment": "unit", "description": "unit test", "feeds": ["none"], "runner": "kernel",
+         "grid": [{k: [v] for k, v in {**TINY, **overrides}.items()}], **CPU_EXP},
+        grid.load_schema("experiment"), "unit",
+    )
+    return exp
+
+
+def _result_schema():
+    return grid.load_schema("result")
+
+
+@pytest.mark.parametrize("name, smoke", [(n, False) for n in EXPERIMENTS] + [(n, True) for n in SMOKE_EXPERIMENTS])
+def test_experiment_configs_validate(name, smoke):
+    """Every experiment validates (defaults filled); kernel/theory grids expand to unique ids
+    (the end-to-end runners expand their own grids)."""
+    exp = grid.load_experiment(name, smoke=smoke)
+    assert exp["feeds"] and exp["timing"]["method"] in timing.METHODS  # defaults filled in
+    if exp["runner"] not in ("kernel", "theory"):
+        return
+    points = grid.expand(exp)
+    assert points and len({p["id"] for p in points}) == len(points)
+    if exp["runner"] == "kernel":
+        assert all(p["dtype"] in ("float16", "bfloat16", "float32") and "batch" in p for p in points)
+
+
+def test_invalid_config_is_rejected():
+    with pytest.raises(ValueError, match="op"):
+        grid.expand(_tiny_exp(op="bogus"))
+    with pytest.raises(ValueError, match="is not a valid config"):
+        grid.validate({"experiment": "x"}, grid.load_schema("experiment"), "x")
+
+
+def test_point_ids_are_stable_and_distinct():
+    a = grid.expand(_tiny_exp())[0]
+    b = grid.expand(_tiny_exp(variant={"options": {"inner_loop": False}}))[0]
+    assert a["id"] == "selected-reference-fwdbwd-N80-b2-hkv1-g2-d16-B16-T3-fp32-w32"
+    assert b["id"] == a["id"] + "-innerloop0"
+
+
+def test_runner_writes_valid_reference_row(tmp_path):
+    exp = _tiny_exp()
+    point = grid.expand(exp)[0]
+    row = kernel.run_point(point, exp, torch.device("cpu"), platform="unit-cpu")
+    assert row["status"] == "ok", row["message"]
+    assert row["check"]["status"] == "pass" and set(row["check"]["outputs"]) == {"o", "dq", "dk", "dv"}
+    assert row["n_samples"] == len(row["samples_ms"]) == 2
+    assert row["useful_flops"] > 0 and row["h"] == 2
+    assert "compression path" in row["inputs"]["indices_from"]
+    path = kernel.write_row(row, kernel.result_path(tmp_path, "unit-cpu", "unit", point["id"]))
+    loaded = json.loads(path.read_text())
+    grid.validate(loaded, _result_schema(), str(path))
+    assert all(c in loaded for c in kernel.COLUMNS)
+
+
+def test_unknown_impl_gives_unsupported_row():
+    exp = _tiny_exp(impl="no_such_impl", direction="fwd")
+    row = kernel.run_point(grid.expand(exp)[0], exp, torch.device("cpu"), platform="unit-cpu")
+    assert row["status"] == "unsupported" and "no_such_impl" in row["message"]
+    assert row["median_ms"] is None
+    grid.validate(json.loads(json.dumps(row)), _result_schema(), "row")
+
+
+def test_cli_and_aggregate(tmp_path, capsys):
+    point_file = tmp_path / "point.yaml"
+    point_file.write_text(json.dumps({**TINY, "op": "window", "direction": "fwd"}))
+    out = tmp_path / "res" / "unit-cpu" / "kernel" / "w.json"
+    args = ["bench-kernel", "--experiment", "kernel", "--smoke", "--point", str(point_file), "--out", str(out),
+            "--platform", "unit-cpu"]
+    assert cli.main(args) == 0
+    kernel.write_row({**json.loads(out.read_text()), "point": "copy", "impl": "other"}, out.with_name("x.json"))
+    assert cli.main(["aggregate", "--experiment", "kernel", "--platform", "unit-cpu", "--results-dir", str(tmp_path / "res")]) == 0
+    df = pd.read_csv(tmp_path / "res" / "unit-cpu" / "kernel.csv")
+    assert list(df.columns[: len(results.COLUMNS)]) == list(results.COLUMNS)
+    assert len(df) == 2 and set(df["status"]) == {"ok"} and set(df["op"]) == {"window"}
+    assert results.load_table("unit-cpu", "kernel", tmp_path / "res").shape == df.shape
+    assert results.load_table("nowhere", "kernel", tmp_path / "res").empty
+
+
+def test_columns_agree():
+    assert kernel.COLUMNS == results.COLUMNS
+
+
+def test_timing_summary_and_methods():
+    t = timing.Timing([1.0, 2.0, 3.0, 4.0, 5.0], "wallclock")
+    s = t.summary()
+    assert s["median_ms"] == 3.0 and s["p20_ms"] == pytest.approx(1.8) and s["p80_ms"] == pytest.approx(4.2)
+    calls = []
+    t = timing.measure(lambda: calls.append(1), torch.device("cpu"), "auto", warmup=1, repeats=3)
+    assert t.method == "wallclock" and len(t.samples_ms) == 3 and len(calls) == 5  # compile call + warmup + 3
+    with pytest.raises(ValueError, match="CUDA"):
+        timing.resolve_method("do_bench", torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [("NVIDIA H200", "h200"), ("NVIDIA H20", "h20"), ("NVIDIA A100-SXM4-80GB", "a100"),
+     ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA GeForce RTX 4090", "rtx4090"), ("Tesla V100-SXM2-16GB", "tesla-v100-sxm2-16gb")],
+)
+def test_platform_names(name, expected):
+    assert provenance.platform_from_gpu_name(name) == expected
+
+
+def test_provenance_fields():
+    info = provenance.provenance()
+    for key in ("platform", "torch", "triton", "git_commit", "gpu", "driver", "timestamp"):
+        assert key in info
+
+
+def test_reproduction_without_results(tmp_path):
+    out = reproduction.write_reproduction("unit-none", tmp_path / "R.md", tmp_path)
+    text = out.read_text()
+    assert "| Theorem (§3.5) | FSA/NSA memory at g=4, (64,16) | 0.213 | 0.213 | reproduced |" in text
+    assert "not measured" in text
+    assert reproduction.verdict(1.5, 1.6) == "reproduced"
+    assert reproduction.verdict(3.0, 1.6) == "same direction"
+    assert reproduction.verdict(0.8, 1.6) == "not reproduced"
+
+
+def test_paper_values_cover_every_table():
+    pv = results.paper_values()
+    assert {"theorem", "kernel", "breakdown", "ablation", "buffers", "longctx"} <= set(pv)
+    assert Path(repo_root() / "analysis" / "paper_values.yaml").is_file()

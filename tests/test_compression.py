@@ -1,0 +1,301 @@
+"""ops/compression.py (compress_kv, select_blocks) against ops/reference.py.
+
+select_blocks sums fp32 probabilities in another order than the reference, so two blocks whose
+scores differ by a rounding step may swap. Every selection is therefore checked to be a valid
+top-T under float64 reference scores (up to a small tolerance), and compared exactly with
+reference.select_blocks on the rows whose T-th and (T+1)-th scores are not within that tolerance;
+ties built on purpose (exactly equal scores) must go to the lower block everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fsalab.config import NSAConfig
+from fsalab.ops import reference
+from fsalab.ops.compression import compress_kv, select_blocks
+from fsalab.testing import assert_close, cu_seqlens_of
+from fsalab.varlen import compressed_cu_seqlens, compressed_index, local_positions, sequence_ids
+
+DEFAULT = NSAConfig()
+
+
+# ----------------------------------------------------------------------------------------------
+# Oracles shared with scripts/gpu/check_compression.py
+# ----------------------------------------------------------------------------------------------
+
+
+def reference_block_scores(q, k_cmp, lse_cmp, cu_seqlens, cu_cmp, cfg, scale=None, dtype=torch.float64, chunk=4096):
+    """Block scores as reference.select_blocks ranks them, [total, h_kv, num_blocks] in ``dtype``.
+
+    Forced blocks are +inf, blocks after the own block -inf (the reference's own rules).
+    """
+    total, h, d = q.shape
+    rows, h_kv, _ = k_cmp.shape
+    g = h // h_kv
+    scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if total else 0
+    nb = max(cfg.num_blocks(max_len), cfg.topk)
+    weights = reference.block_overlap_weights(cu_cmp, rows, nb, cfg).to(dtype)
+    seq_q, pos_q = sequence_ids(cu_seqlens, total), local_positions(cu_seqlens, total)
+    seq_c, valid_c = sequence_ids(cu_cmp, rows), torch.arange(rows, device=q.device) < cu_cmp[-1]
+    own_all = pos_q // cfg.block_size
+    blocks = torch.arange(nb, device=q.device)
+    k_t = k_cmp.to(dtype).transpose(0, 1)
+    out = []
+    for lo in range(0, total, chunk):
+        hi = min(total, lo + chunk)
+        last_raw = compressed_index(cu_cmp, rows) * cfg.kernel_stride + cfg.kernel_size - 1
+        mask = (seq_q[lo:hi, None] == seq_c[None, :]) & valid_c & (pos_q[lo:hi, None] >= last_raw[None, :])
+        mask = mask[:, None, None, :]
+        logits = torch.einsum("chgd,hmd->chgm", q[lo:hi].to(dtype).view(-1, h_kv, g, d), k_t) * scale
+        lse = lse_cmp[lo:hi].to(dtype).view(-1, h_kv, g, 1)
+        p = torch.where(mask & torch.isfinite(lse), torch.exp(logits - lse), torch.zeros_like(logits))
+        score = p.sum(2) @ weights
+        own = own_all[lo:hi, None, None]
+        forced = (blocks < cfg.init_blocks) | ((blocks > own - cfg.local_blocks) & (blocks <= own))
+        score = torch.where(forced, torch.full_like(score, float("inf")), score)
+        out.append(torch.where(blocks > own, torch.full_like(score, float("-inf")), score))
+    return torch.cat(out)
+
+
+def check_selection(block_idx, expected, scores, cu_seqlens, cfg, rtol=1e-4):
+    """Assert block_idx is a valid top-T under ``scores``; equal to ``expected`` where no near-tie.
+
+    Returns the number of (token, head) rows that had a near-tie at the top-T boundary.
+    """
+    total, h_kv, topk = block_idx.shape
+    nb = scores.shape[-1]
+    own = (local_positions(cu_seqlens, total) // cfg.block_size)[:, None, None]
+    valid = block_idx >= 0
+    idx = block_idx.long()
+    assert (valid.sum(-1) == torch.clamp(own[..., 0] + 1, max=topk)).all(), "wrong number of selected blocks"
+    assert (valid[..., :-1] | ~valid[..., 1:]).all(), "-1 padding before a valid entry"
+    assert ((idx[..., 1:] > idx[..., :-1]) | ~valid[..., 1:]).all(), "selected blocks not strictly ascending"
+    assert (~valid | (idx <= own)).all(), "selected a block after the own block"
+    sel = torch.zeros(total, h_kv, nb + 1, dtype=torch.bool, device=scores.device)
+    sel.scatter_(-1, torch.where(valid, idx, nb), True)
+    sel = sel[..., :nb]
+    ranked = scores.sort(-1, descending=True).values
+    ranked = torch.cat([ranked, ranked.new_full((total, h_kv, 1), float("-inf"))], -1)
+    kth, next_ = ranked[..., topk - 1], ranked[..., topk]
+    finite = torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores))
+    tol = rtol * finite.abs().amax(-1).clamp(min=1.0)
+    causal = torch.isfinite(scores) | (scores == float("inf"))
+    low = torch.where(sel, scores, torch.full_like(scores, float("inf"))).amin(-1)
+    high = torch.where(~sel & causal, scores, torch.full_like(scores, float("-inf"))).amax(-1)
+    assert (low >= kth - tol).all(), "a selected block scores below the T-th best"
+    assert (high <= kth + tol).all(), "an unselected block scores above the T-th best"
+    near_tie = (kth - next_ <= tol) & torch.isfinite(next_)
+    differ = (block_idx != expected).any(-1)
+    assert not (differ & ~near_tie).any(), f"{int((differ & ~near_tie).sum())} rows without a near-tie differ from the reference"
+    return int(near_tie.sum())
+
+
+# ----------------------------------------------------------------------------------------------
+# compress_kv
+# ----------------------------------------------------------------------------------------------
+
+
+def compress_inputs(lengths, h_kv, d, cfg, dtype, gen, w_dtype=None):
+    total, l = sum(lengths), cfg.kernel_size
+    w_dtype = w_dtype or dtype
+
+    def rnd(*shape, scale=1.0, dt=dtype):
+        return (torch.randn(*shape, generator=gen) * scale).to(dt).requires_grad_(True)
+
+    return (rnd(total, h_kv, d), rnd(total, h_kv, d), rnd(h_kv, l * d, d, scale=l**-0.5 * d**-0.5, dt=w_dtype),
+            rnd(h_kv, l * d, d, scale=l**-0.5 * d**-0.5, dt=w_dtype), rnd(h_kv, l, d, scale=0.5, dt=w_dtype),
+            cu_seqlens_of(lengths))
+
+
+def grads(outs, inputs, upstream):
+    return torch.autograd.grad(outs, inputs, [u.to(o.dtype) for o, u in zip(outs, upstream)])
+
+
+def packed_lengths(cfg, long):
+    l, s = cfg.kernel_size, cfg.kernel_stride
+    return [1, l - 1, l, l + s - 1, 3, 2 * l + 3, 7, l + 1, long]
+
+
+@pytest.mark.parametrize(
+    "dtype,d,ls,w_dtype",
+    [
+        # fp16 on small head dims only: the interpreter's fp16 matmul is slow.
+        (torch.float16, 64, (32, 16), None),
+        (torch.float16, 96, (16, 8), torch.float32),
+        (torch.float32, 128, (32, 16), None),
+        (torch.float32, 192, (32, 32), None),
+        (torch.float32, 256, (16, 8), None),
+    ],
+)
+def test_compress_kv_matches_reference(dtype, d, ls, w_dtype, gen, seed):
+    cfg = NSAConfig(kernel_size=ls[0], kernel_stride=ls[1], block_size=64, topk=4)
+    h_kv = 1 if d > 128 else 2  # head indexing is covered by the smaller d; keeps the interpreter quick
+    *params, cu = compress_inputs(packed_lengths(cfg, 150), h_kv, d, cfg, dtype, gen, w_dtype)
+    k_cmp, v_cmp, cu_cmp = compress_kv(*params, cu, cfg)
+    ref_k, ref_v, ref_cu = reference.compress_kv(*params, cu, cfg)
+    with reference.native_precision():
+        nat_k, nat_v, _ = reference.compress_kv(*params, cu, cfg)
+    assert torch.equal(cu_cmp, ref_cu)
+    assert k_cmp.dtype == dtype and k_cmp.shape == ref_k.shape
+    n_cmp = int(cu_cmp[-1])
+    assert n_cmp < k_cmp.shape[0], "test batch should leave padding rows"
+    assert (k_cmp[n_cmp:] == 0).all() and (v_cmp[n_cmp:] == 0).all(), "padding rows must be zero"
+    assert_close(k_cmp, ref_k, nat_k, name="k_cmp")
+    assert_close(v_cmp, ref_v, nat_v, name="v_cmp")
+
+    upstream = [torch.randn(ref_k.shape, generator=gen), torch.randn(ref_v.shape, generator=gen)]
+    got = grads((k_cmp, v_cmp), params, upstream)
+    ref = grads((ref_k, ref_v), params, upstream)
+    with reference.native_precision():
+        nat = grads(reference.compress_kv(*params, cu, cfg)[:2], params, upstream)
+    for name, a, b, c, p in zip(("dk", "dv", "dw_k", "dw_v", "dpe"), got, ref, nat, params):
+        assert a.dtype == p.dtype
+        assert_close(a, b, c, dtype=dtype, name=name)
+
+
+def test_compress_kv_without_any_window(gen):
+    cfg = DEFAULT
+    *params, cu = compress_inputs([1, 5, cfg.kernel_size - 1], 2, 64, cfg, torch.float32, gen)
+    k_cmp, v_cmp, cu_cmp = compress_kv(*params, cu, cfg)
+    assert k_cmp.shape == (sum([1, 5, cfg.kernel_size - 1]) // cfg.kernel_stride, 2, 64)
+    assert (k_cmp == 0).all() and (v_cmp == 0).all() and (cu_cmp == 0).all()
+    for grad in grads((k_cmp, v_cmp), params, [torch.ones_like(k_cmp), torch.ones_like(v_cmp)]):
+        assert (grad == 0).all()
+
+
+def test_compress_kv_single_token(gen):
+    *params, cu = compress_inputs([1], 1, 64, DEFAULT, torch.float32, gen)
+    k_cmp, v_cmp, cu_cmp = compress_kv(*params, cu, DEFAULT)
+    assert k_cmp.shape == (0, 1, 64) and cu_cmp.tolist() == [0, 0]
+    dk, dv, dw_k, dw_v, dpe = grads((k_cmp, v_cmp), params, [torch.ones_like(k_cmp), torch.ones_like(v_cmp)])
+    assert (dk == 0).all() and (dw_k == 0).all() and (dpe == 0).all()
+
+
+def test_compress_kv_backward_is_deterministic(gen):
+    *params, cu = compress_inputs([100, 77], 1, 64, DEFAULT, torch.float16, gen)
+    outs = compress_kv(*params, cu, DEFAULT)[:2]
+    upstream = [torch.randn(outs[0].shape, generator=gen), torch.randn(outs[1].shape, generator=gen)]
+    first = grads(outs, params, upstream)
+    outs = compress_kv(*params, cu, DEFAULT)[:2]
+    for a, b in zip(first, grads(outs, params, upstream)):
+        assert torch.equal(a, b)
+
+
+def test_compress_kv_rejects_bad_inputs(gen):
+    k, v, w_k, w_v, pe, cu = compress_inputs([40], 2, 64, DEFAULT, torch.float32, gen)
+    with pytest.raises(ValueError, match="w_k"):
+        compress_kv(k, v, w_k[:, :-1], w_v, pe, cu, DEFAULT)
+    with pytest.raises(ValueError, match="pe"):
+        compress_kv(k, v, w_k, w_v, pe[:1], cu, DEFAULT)
+    with pytest.raises(ValueError, match="same shape"):
+        compress_kv(k, v[:-1], w_k, w_v, pe, cu, DEFAULT)
+    with pytest.raises(TypeError, match="cfg"):
+        compress_kv(k, v, w_k, w_v, pe, cu, None)
+
+
+# ----------------------------------------------------------------------------------------------
+# select_blocks
+# ----------------------------------------------------------------------------------------------
+
+
+def selection_inputs(lengths, h_kv, g, d, cfg, dtype, gen, q_scale=1.0):
+    """q, k_cmp in dtype; lse_cmp from the reference compressed attention (fp32)."""
+    cu = cu_seqlens_of(lengths)
+    total = sum(lengths)
+    rows = total // cfg.kernel_stride
+    q = (torch.randn(total, h_kv * g, d, generator=gen) * q_scale).to(dtype)
+    k_cmp = torch.randn(rows, h_kv, d, generator=gen).to(dtype)
+    cu_cmp = compressed_cu_seqlens(cu, cfg.kernel_size, cfg.kernel_stride)
+    _, lse = reference.compressed_attention(q, k_cmp, k_cmp, cu, cu_cmp, cfg)
+    return q, k_cmp, lse.float(), cu, cu_cmp
+
+
+@pytest.mark.parametrize(
+    "g,d,dtype,cfg,q_scale",
+    [
+        (1, 64, torch.float32, NSAConfig(topk=4), 1.0),  # chunks of 4 blocks: the spill crosses chunks
+        (2, 192, torch.float16, NSAConfig(kernel_size=32, kernel_stride=32, block_size=64, topk=4), 1.0),
+        (3, 96, torch.float16, NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=4), 1.0),
+        (5, 128, torch.float32, NSAConfig(block_size=128, topk=4), 16.0),
+        (8, 64, torch.float32, NSAConfig(kernel_size=16, kernel_stride=16, block_size=16, topk=7, init_blocks=0), 1.0),
+        (16, 64, torch.float16, NSAConfig(kernel_size=16, kernel_stride=8, block_size=64, topk=5, local_blocks=1), 1.0),
+        (4, 256, torch.float32, NSAConfig(), 1.0),  # topk = 16 > causal blocks: -1 padding
+    ],
+)
+def test_select_blocks_matches_reference(g, d, dtype, cfg, q_scale, gen):
+    h_kv = 2
+    lengths = [6 * cfg.block_size + 37, 3, cfg.kernel_size - 1, cfg.block_size + 5, 40, 1]
+    q, k_cmp, lse, cu, cu_cmp = selection_inputs(lengths, h_kv, g, d, cfg, dtype, gen, q_scale)
+    got = select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
+    expected = reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
+    assert got.dtype == torch.int32 and got.shape == expected.shape
+    scores = reference_block_scores(q, k_cmp, lse, cu, cu_cmp, cfg)
+    near_ties = check_selection(got, expected, scores, cu, cfg)
+    assert near_ties < got.shape[0] * h_kv // 10, "too many near-ties for a meaningful exact comparison"
+
+
+@pytest.mark.parametrize("g,cfg", [(1, NSAConfig(topk=5)), (3, NSAConfig(kernel_size=16, kernel_stride=8, block_size=32, topk=6, init_blocks=2))])
+def test_select_blocks_ties_go_to_the_lower_block(g, cfg, gen):
+    """q = 0 and lse = 0 make every visible p exactly 1: all full interior blocks tie exactly."""
+    h_kv, d = 2, 64
+    lengths = [7 * cfg.block_size - 3, 130, 9]
+    q, k_cmp, _, cu, cu_cmp = selection_inputs(lengths, h_kv, g, d, cfg, torch.float32, gen)
+    q = torch.zeros_like(q)
+    lse = torch.zeros(q.shape[:2])
+    lse[::7] = float("-inf")  # heads that see nothing add nothing
+    got = select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
+    assert torch.equal(got, reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg))
+    # The last token of the long sequence: forced blocks, then the lowest-index tied blocks.
+    own = (lengths[0] - 1) // cfg.block_size
+    forced = set(range(cfg.init_blocks)) | set(range(own - cfg.local_blocks + 1, own + 1))
+    free = [b for b in range(own + 1) if b not in forced][: cfg.topk - len(forced)]
+    assert got[lengths[0] - 1, 0].tolist() == sorted(forced | set(free))
+
+
+def test_select_blocks_without_compressed_tokens(gen):
+    """Single token (no compressed row at all) and short sequences: only forced blocks."""
+    cfg = NSAConfig(topk=4)
+    for lengths in ([1], [5, cfg.kernel_size - 1, 2]):
+        q, k_cmp, lse, cu, cu_cmp = selection_inputs(lengths, 1, 2, 64, cfg, torch.float32, gen)
+        got = select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
+        assert got[..., 0].eq(0).all() and got[..., 1:].eq(-1).all()
+
+
+def test_select_blocks_rejects_bad_inputs(gen):
+    cfg = DEFAULT
+    q, k_cmp, lse, cu, cu_cmp = selection_inputs([64], 2, 2, 64, cfg, torch.float32, gen)
+    with pytest.raises(ValueError, match="k_cmp"):
+        select_blocks(q, k_cmp[:-1], lse, cu, cu_cmp, cfg)
+    with pytest.raises(ValueError, match="lse_cmp"):
+        select_blocks(q, k_cmp, lse[:, :1], cu, cu_cmp, cfg)
+    with pytest.raises(ValueError, match="multiple"):
+        select_blocks(q[:, :3], k_cmp, lse[:, :3], cu, cu_cmp, cfg)
+    with pytest.raises(TypeError):
+        select_blocks(q.half(), k_cmp, lse, cu, cu_cmp, cfg)
+
+
+def test_select_blocks_spill_crosses_a_chunk(gen):
+    """One dominant compressed token at a chunk boundary must lift both blocks it overlaps.
+
+    With the defaults (l=32, s=16, B=64) compressed token 31 covers raw [496, 528): block 7 and
+    block 8. The kernel walks BB = max(next_pow2(topk), B/s) = 8 blocks per chunk for topk=5, so
+    block 8's share arrives as the spill carried from the previous chunk. Every other visible
+    token has p = 1 exactly (q·k = 0, lse = 0): the rest of the blocks tie exactly.
+    """
+    cfg = NSAConfig(topk=5)
+    n, d = 700, 16
+    q = torch.zeros(n, 1, d)
+    q[:, 0, 0] = 1.0
+    k_cmp = torch.zeros(n // cfg.kernel_stride, 1, d)
+    k_cmp[31, 0, 0] = 8.0 * math.sqrt(d)  # p = e^8 for the spike
+    lse = torch.zeros(n, 1)
+    cu = cu_seqlens_of([n])
+    cu_cmp = compressed_cu_seqlens(cu, cfg.kernel_size, cfg.kernel_stride)
+    got = select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
+    assert torch.equal(got, reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg))
+    assert got[-1, 0].tolist() == [0, 7, 8, 9, 10]

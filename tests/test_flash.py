@@ -1,0 +1,196 @@
+"""The generic FlashAttention kernels (ops/flash.py): forward o/lse and dq/dk/dv against the fp32
+reference, for both masks, every head dim and group size, large logits, chunked dk/dv, and the
+NaN-poisoned buffers. ``check_attention`` and ``poison_buffers`` are shared with the op tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fsalab.config import NSAConfig
+from fsalab.ops import flash, reference
+from fsalab.testing import assert_close, make_batch, poison
+from fsalab.varlen import compressed_capacity, compressed_cu_seqlens
+
+
+@pytest.fixture(autouse=True)
+def poison_buffers(monkeypatch):
+    """Every buffer the kernels must fill starts as NaN: an unwritten element fails the comparison."""
+    monkeypatch.setattr(flash, "_empty", poison)
+
+
+def check_attention(op, ref, tensors, dtype, seed, grads=True, atol_factor=2.0):
+    """Compare op(q, k, v) with ref(q, k, v) (fp32 reference, same extra args bound in both).
+
+    op returns o or (o, lse); ref returns (o, lse). tensors: (q, k, v) in any float dtype, cast to
+    dtype. The bound is atol_factor x PyTorch's own error in dtype (the reference run in native
+    precision). With grads, the loss is sum(o * do) + sum(lse * dlse) over finite lse entries.
+    """
+    leaves = [t.detach().to(dtype).requires_grad_(grads) for t in tensors]
+    exact = [t.detach().float().requires_grad_(grads) for t in leaves]
+    native = [t.detach().clone().requires_grad_(grads) for t in leaves]
+    out = op(*leaves)
+    o, lse = out if isinstance(out, tuple) else (out, None)
+    ro, rl = ref(*exact)
+    with reference.native_precision():
+        no, nl = ref(*native)
+    assert o.dtype == dtype and o.shape == ro.shape
+    assert_close(o, ro, no, dtype, atol_factor, name="o")
+    if lse is not None:
+        assert lse.dtype == torch.float32
+        assert_close(lse, rl, nl, dtype, atol_factor, name="lse")
+    if not grads:
+        return o, lse
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(o.shape, generator=gen).to(o.device)
+    dlse = torch.randn(o.shape[:2], generator=gen).to(o.device)
+
+    def loss(o_, lse_):
+        value = (o_.float() * do).sum()
+        if lse is not None:
+            value = value + (torch.where(torch.isfinite(lse_), lse_.float(), 0.0) * dlse).sum()
+        return value
+
+    for o_, lse_ in ((o, lse), (ro, rl), (no, nl)):
+        loss(o_, lse_).backward()
+    for name, a, e, n in zip(("dq", "dk", "dv"), leaves, exact, native):
+        # PyTorch leaves no gradient on zero-row k/v (a batch without compressed tokens).
+        e_grad, n_grad = (t.grad if t.grad is not None else torch.zeros_like(t) for t in (e, n))
+        assert_close(a.grad, e_grad, n_grad, dtype, atol_factor, name=name)
+    return o, lse
+
+
+def _window(window_size):
+    def op(q, k, v, cu):
+        return flash.flash_attention(q, k, v, cu, mask="window", window_size=window_size)
+
+    def ref(q, k, v, cu):
+        return reference.window_attention(q, k, v, cu, window_size)
+
+    return op, ref
+
+
+def compressed_inputs(lengths, h, h_kv, d, cfg, seed, device="cpu"):
+    """q over raw tokens; k_cmp/v_cmp in the reference layout (total // s rows, zero padding rows)."""
+    batch = make_batch(lengths, h, h_kv, d, seed=seed, device=device)
+    cu_cmp = compressed_cu_seqlens(batch.cu_seqlens, cfg.kernel_size, cfg.kernel_stride)
+    rows = compressed_capacity(batch.total, cfg.kernel_stride)
+    gen = torch.Generator().manual_seed(seed + 1)
+    valid = (torch.arange(rows) < cu_cmp[-1].item())[:, None, None]
+    k_cmp = (torch.randn(rows, h_kv, d, generator=gen) * valid).to(device)
+    v_cmp = (torch.randn(rows, h_kv, d, generator=gen) * valid).to(device)
+    return batch, k_cmp, v_cmp, cu_cmp
+
+
+def _compressed(cfg, cu_cmp):
+    def op(q, k, v, cu):
+        return flash.flash_attention(
+            q, k, v, cu, cu_cmp, mask="compressed", kernel_size=cfg.kernel_size, kernel_stride=cfg.kernel_stride
+        )
+
+    def ref(q, k, v, cu):
+        return reference.compressed_attention(q, k, v, cu, cu_cmp, cfg)
+
+    return op, ref
+
+
+_SMALL_CFG = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=4)
+
+
+def _run(mask, lengths, h, h_kv, d, dtype, seed, device="cpu", window=16, cfg=_SMALL_CFG, q_scale=1.0):
+    if mask == "window":
+        b = make_batch(lengths, h, h_kv, d, seed=seed, q_scale=q_scale, device=device)
+        (op, ref), tensors = _window(window), (b.q, b.k, b.v)
+    else:
+        b, k_cmp, v_cmp, cu_cmp = compressed_inputs(lengths, h, h_kv, d, cfg, seed, device)
+        (op, ref), tensors = _compressed(cfg, cu_cmp), (b.q * q_scale, k_cmp, v_cmp)
+    cu = b.cu_seqlens
+    return check_attention(lambda q, k, v: op(q, k, v, cu), lambda q, k, v: ref(q, k, v, cu), tensors, dtype, seed)
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+def test_head_dims(d, seed, device):
+    _run("window" if d % 128 else "compressed", [37, 20], 2, 1, d, torch.float16, seed, device)
+
+
+@pytest.mark.parametrize(
+    "g,mask,dtype",
+    [(1, "window", torch.float32), (2, "compressed", torch.float16), (3, "window", torch.float16),
+     (5, "compressed", torch.float32), (8, "window", torch.float32), (16, "compressed", torch.float16)],
+)
+def test_group_sizes(g, mask, dtype, seed, device):
+    _run(mask, [29, 41] if g <= 5 else [19, 25], g, 1, 32, dtype, seed, device)
+
+
+@pytest.mark.parametrize("mask", ["window", "compressed"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_large_logits(mask, dtype, seed, device):
+    _run(mask, [70, 9], 2, 2, 32, dtype, seed, device, q_scale=16.0)
+
+
+@pytest.mark.parametrize("mask", ["window", "compressed"])
+def test_query_chunks(mask, seed, device, monkeypatch):
+    """dk/dv split over query chunks (fp32 partials summed in order), as on GPUs with few key tiles."""
+    monkeypatch.setattr(flash, "_num_query_chunks", lambda *args: 3)
+    _run(mask, [80, 3, 41], 2, 1, 32, torch.float32, seed, device, window=40)
+
+
+def test_backward_is_deterministic(seed, device):
+    b = make_batch([70, 25], 2, 1, 32, dtype=torch.float16, seed=seed, device=device, requires_grad=True)
+    do = torch.randn(b.q.shape, generator=torch.Generator().manual_seed(seed)).half().to(device)
+    grads = []
+    for _ in range(2):
+        o, _ = flash.flash_attention(b.q, b.k, b.v, b.cu_seqlens, window_size=1000)
+        grads.append(torch.autograd.grad(o, (b.q, b.k, b.v), do))
+    for first, second in zip(*grads):
+        assert torch.equal(first, second)
+
+
+def test_strided_inputs(seed, device):
+    """q/k/v as views of one packed qkv projection (token stride != h * d) need no copy."""
+    b = make_batch([50, 21], 4, 2, 32, seed=seed, device=device)
+    qkv = torch.cat([b.q, b.k, b.v], dim=1)  # [total, h + 2 h_kv, d]
+    q, k, v = qkv[:, :4], qkv[:, 4:6], qkv[:, 6:]
+    o, lse = flash.flash_attention(q, k, v, b.cu_seqlens, window_size=20)
+    ro, rl = reference.window_attention(b.q, b.k, b.v, b.cu_seqlens, 20)
+    assert_close(o, ro, name="o")
+    assert_close(lse, rl, name="lse")
+
+
+def test_rows_that_see_nothing_have_zero_finite_grads(seed, device):
+    """Compressed mask: queries before the first full compression window get o = 0, lse = -inf."""
+    cfg = NSAConfig(kernel_size=32, kernel_stride=16, block_size=32, topk=3)
+    b, k_cmp, v_cmp, cu_cmp = compressed_inputs([20, 45], 2, 1, 32, cfg, seed, device)
+    q = b.q.requires_grad_()
+    k_cmp.requires_grad_()
+    o, lse = flash.flash_attention(q, k_cmp, v_cmp, b.cu_seqlens, cu_cmp, mask="compressed", kernel_size=32, kernel_stride=16)
+    blind = torch.cat([torch.ones(20, dtype=torch.bool), torch.arange(45) < 31]).to(device)
+    assert torch.all(o[blind] == 0) and torch.all(lse[blind] == float("-inf")) and torch.isfinite(lse[~blind]).all()
+    o.sum().backward()
+    assert torch.all(q.grad[blind] == 0) and torch.isfinite(q.grad).all() and torch.isfinite(k_cmp.grad).all()
+
+
+def test_input_validation():
+    b = make_batch([8, 8], 4, 2, 16)
+    with pytest.raises(ValueError, match="mask"):
+        flash.flash_attention(b.q, b.k, b.v, b.cu_seqlens, mask="causal", window_size=4)
+    with pytest.raises(ValueError, match="window_size"):
+        flash.flash_attention(b.q, b.k, b.v, b.cu_seqlens, window_size=0)
+    with pytest.raises(ValueError, match="cu_seqlens_k=None"):
+        flash.flash_attention(b.q, b.k, b.v, b.cu_seqlens, b.cu_seqlens, window_size=4)
+    with pytest.raises(ValueError, match="kernel_stride"):
+        flash.flash_attention(b.q, b.k, b.v, b.cu_seqlens, b.cu_seqlens, mask="compressed", kernel_size=4)
+    with pytest.raises(TypeError, match="cu_seqlens_k"):
+        flash.flash_attention(b.q, b.k, b.v, b.cu_seqlens, b.cu_seqlens.long(), mask="compressed", kernel_size=4, kernel_stride=2)
+    with pytest.raises(ValueError, match="multiple"):
+        flash.flash_attention(b.q[:, :3], b.k, b.v, b.cu_seqlens, window_size=4)
+    with pytest.raises(ValueError, match="head dim"):
+        big = make_batch([4], 1, 1, 264)
+        flash.flash_attention(big.q, big.k, big.v, big.cu_seqlens, window_size=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", ["window", "compressed"])
+@pytest.mark.parametrize("d", [96, 128, 256])
+def test_bf16_gpu(mask, d, seed, device):
+    _run(mask, [300, 17, 1, 700], 8, 2, d, torch.bfloat16, seed, device, window=64)

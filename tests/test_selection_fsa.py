@@ -1,0 +1,230 @@
+"""FSA KV-block-outer selected attention (ops/selection/fsa*.py) against the fp32 reference.
+
+Both variants: ``fsa_paper`` (statistics + main + sum-reduction kernels, with every ablation
+switch combination) and ``fsa`` (log-sum-exp merged partials, grouped heads, fused backward).
+Forward o and lse and gradients dq/dk/dv are bounded by 2x PyTorch's own error in the input
+dtype (the reference run under native_precision). Kernel allocations, partial buffers
+included, are NaN-poisoned: an element a kernel forgets to write, or a partial a merge reads
+without it being written, fails the comparison. Shapes stay tiny: on CPU every program runs
+through the Triton interpreter.
+
+The comparison helpers generalise those of test_selection_nsa.py to any impl; the two should
+move to one shared module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import pytest
+import torch
+
+from fsalab.config import NSAConfig
+from fsalab.ops import reference
+from fsalab.ops.selection import fsa, fsa_plan, selected_attention
+from fsalab.testing import assert_close, make_batch
+from test_selection_index import random_block_idx, selected_blocks
+
+PAPER_SWITCHES = [(True, True), (False, True), (True, False), (False, False)]  # (inner_loop, early_return)
+
+
+def impl_fn(impl: str, inner_loop: bool = True, early_return: bool = True):
+    if impl == "fsa":
+        return fsa.selected_attention_fsa
+    return functools.partial(fsa.selected_attention_fsa_paper, inner_loop=inner_loop, early_return=early_return)
+
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """torch.empty / empty_like return NaN-filled floating tensors while the kernels run."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def fill(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = lambda *a, **kw: fill(empty(*a, **kw))
+    torch.empty_like = lambda *a, **kw: fill(empty_like(*a, **kw))
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = empty, empty_like
+
+
+def attention_and_grads(fn, q, k, v, block_idx, cu, block_size, do, dlse):
+    """(o, lse, dq, dk, dv) of loss sum(o * do) + sum(lse * dlse) for fresh leaves copied from q, k, v."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    o, lse = fn(*leaves, block_idx, cu, block_size)
+    loss = (o * do.to(o.dtype)).sum()
+    if dlse is not None:
+        loss = loss + (lse * dlse.to(lse.dtype)).sum()
+    return (o, lse, *torch.autograd.grad(loss, leaves))
+
+
+def check_against_reference(batch, block_idx, block_size, fn, with_dlse=False):
+    q, k, v, cu = batch.q, batch.k, batch.v, batch.cu_seqlens
+    dtype = q.dtype
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).to(q.device, dtype)
+    dlse = torch.randn(q.shape[:2], generator=torch.Generator().manual_seed(8)).to(q.device) if with_dlse else None
+    with poisoned_allocations():
+        actual = attention_and_grads(fn, q, k, v, block_idx, cu, block_size, do, dlse)
+    ref = reference.selected_attention
+    expected = attention_and_grads(ref, q.float(), k.float(), v.float(), block_idx, cu, block_size, do, dlse)
+    native = None
+    if dtype != torch.float32:
+        with reference.native_precision():
+            native = attention_and_grads(ref, q, k, v, block_idx, cu, block_size, do, dlse)
+    assert actual[0].dtype == dtype and actual[1].dtype == torch.float32
+    for i, name in enumerate(("o", "lse", "dq", "dk", "dv")):
+        assert_close(actual[i], expected[i], None if native is None else native[i], dtype=dtype, name=name)
+
+
+@pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
+@pytest.mark.parametrize(
+    "dtype,d,g,block_size,topk",
+    [
+        (torch.float32, 64, 1, 16, 3),
+        (torch.float16, 96, 3, 32, 3),
+        (torch.float32, 128, 4, 16, 4),
+        (torch.float16, 192, 5, 16, 3),
+        (torch.float16, 256, 2, 64, 2),
+        (torch.float16, 64, 8, 32, 3),
+        (torch.float32, 128, 16, 16, 2),
+    ],
+)
+def test_fsa_random_selection(impl, dtype, d, g, block_size, topk, seed, gen, device):
+    h_kv = 2 if g <= 3 else 1  # h_kv > 1 exercises the head offsets; each program is costly here
+    batch = make_batch([1, 37, 70], g * h_kv, h_kv, d, dtype=dtype, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, h_kv, topk, block_size, gen, p_drop=0.3)
+    check_against_reference(batch, block_idx, block_size, impl_fn(impl))
+
+
+@pytest.mark.parametrize("inner_loop,early_return", PAPER_SWITCHES[1:])
+def test_fsa_paper_ablation_switches(inner_loop, early_return, seed, gen, device):
+    """Without the inner loop (one program per query batch) and/or without early return
+    (programs run the longest non-sink row's range, masked): same results."""
+    batch = make_batch([40, 90], 4, 2, 64, dtype=torch.float16, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.2)
+    check_against_reference(batch, block_idx, 16, impl_fn("fsa_paper", inner_loop, early_return))
+
+
+@pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
+def test_fsa_real_selection(impl, seed, gen, device):
+    """block_idx from NSA's compression + top-k path (init and local blocks forced)."""
+    cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=4, init_blocks=1, local_blocks=2)
+    batch = make_batch([9, 120], 4, 2, 64, dtype=torch.float16, device=device, seed=seed)
+    check_against_reference(batch, selected_blocks(batch, cfg, gen), cfg.block_size, impl_fn(impl))
+
+
+@pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
+def test_fsa_two_key_tiles(impl, seed, gen, device):
+    """block_size 128: dK/dV walk two key sub-tiles (the dq partial is read back and added)."""
+    cfg = NSAConfig(kernel_size=32, kernel_stride=16, block_size=128, topk=2, init_blocks=1, local_blocks=1)
+    batch = make_batch([260], 2, 1, 64, dtype=torch.float16, device=device, seed=seed)
+    check_against_reference(batch, selected_blocks(batch, cfg, gen), cfg.block_size, impl_fn(impl))
+
+
+@pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
+@pytest.mark.parametrize(
+    "lengths,topk",
+    [
+        ([1], 2),  # a single token
+        ([2, 1, 3, 5, 1, 4, 2, 90], 3),  # many short sequences packed with a long one
+        ([20, 45], 8),  # topk above the causal block count: rows padded with -1
+    ],
+)
+def test_fsa_edge_lengths(impl, lengths, topk, seed, gen, device):
+    batch = make_batch(lengths, 4, 2, 64, dtype=torch.float16, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, 2, topk, 16, gen, p_drop=0.0)
+    check_against_reference(batch, block_idx, 16, impl_fn(impl))
+
+
+@pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
+def test_fsa_empty_selections(impl, seed, gen, device):
+    """Tokens and heads that select nothing: o = 0, lse = -inf, zero gradients."""
+    batch = make_batch([20, 40], 6, 2, 64, dtype=torch.float16, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.5)
+    block_idx[::3] = -1  # every third token selects nothing on either head
+    block_idx[1::3, 0] = -1  # some tokens select nothing on head 0 only
+    check_against_reference(batch, block_idx, 16, impl_fn(impl))
+    nothing = torch.full_like(block_idx, -1)
+    with poisoned_allocations():
+        o, lse = impl_fn(impl)(batch.q, batch.k, batch.v, nothing, batch.cu_seqlens, 16)
+    assert bool((o == 0).all()) and bool((lse == float("-inf")).all())
+
+
+@pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
+@pytest.mark.parametrize("dtype,q_scale", [(torch.float16, 16.0), (torch.float32, 32.0)])
+def test_fsa_large_logits(impl, dtype, q_scale, seed, gen, device):
+    batch = make_batch([30, 45], 8, 2, 64, dtype=dtype, device=device, seed=seed, q_scale=q_scale)
+    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.2)
+    check_against_reference(batch, block_idx, 16, impl_fn(impl))
+
+
+@pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
+def test_fsa_lse_gradient(impl, seed, gen, device):
+    """A loss on lse too: the backward folds dlse into delta."""
+    batch = make_batch([25, 60], 6, 2, 64, dtype=torch.float32, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.0)  # no empty rows: lse finite
+    check_against_reference(batch, block_idx, 16, impl_fn(impl), with_dlse=True)
+
+
+@pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
+def test_fsa_head_chunks_and_split_rows(impl, monkeypatch, seed, gen, device):
+    """Partial buffers over budget: heads run in chunks (whole groups, then parts of a group,
+    where the fast backward computes dK/dV apart from dq); long rows split over programs."""
+    batch = make_batch([50, 61], 10, 2, 64, dtype=torch.float16, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.2)
+    block_idx[:, :, 0] = torch.where(block_idx[:, :, 0] >= 0, 0, -1)  # block 0 selected by every non-empty row
+    monkeypatch.setattr(fsa_plan, "MIN_SPLIT_TILES", 1)
+    per_head_fwd, per_head_dq = batch.total * 3 * (64 * 2 + 4), batch.total * 3 * 64 * 4
+    # g = 5: one KV head per chunk (fused backward); then the backward's dq in 3 + 2 heads;
+    # then the forward in 2 + 2 + 1 heads too.
+    for budget in (5 * per_head_dq, 6 * per_head_fwd, 2 * per_head_fwd):
+        monkeypatch.setattr(fsa_plan, "BUFFER_BUDGET_BYTES", budget)
+        check_against_reference(batch, block_idx, 16, impl_fn(impl))
+
+
+def test_registry_and_determinism(seed, gen, device):
+    batch = make_batch([33, 20], 4, 1, 64, dtype=torch.float16, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, 1, 3, 16, gen, p_drop=0.2)
+    do = torch.randn_like(batch.q)
+    for impl in ("fsa", "fsa_paper"):
+        fn = functools.partial(selected_attention, impl=impl)
+        first = attention_and_grads(fn, batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, 16, do, None)
+        second = attention_and_grads(fn, batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, 16, do, None)
+        for a, b in zip(first, second):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
+def test_fsa_rejects_bad_block_size(impl, device):
+    batch = make_batch([8], 2, 1, 64, device=device, seed=0)
+    block_idx = torch.zeros(8, 1, 1, dtype=torch.int32, device=device)
+    for bad in (24, 8):
+        with pytest.raises(ValueError, match="block_size"):
+            impl_fn(impl)(batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
+@pytest.mark.parametrize(
+    "d,g,lengths",
+    [
+        (64, 1, [1, 300, 700, 64]),
+        (128, 4, [1, 300, 700, 64]),
+        (96, 5, [1, 300, 700, 64]),
+        (192, 16, [1, 300, 700, 64]),
+        (256, 2, [1, 300, 700, 64]),
+        (128, 3, [3000, 40]),  # the sink row (3000 entries) is split over programs
+    ],
+)
+def test_fsa_bf16(impl, d, g, lengths, seed, gen, device):
+    h_kv = 2
+    batch = make_batch(lengths, g * h_kv, h_kv, d, dtype=torch.bfloat16, device=device, seed=seed)
+    for inner_loop, early_return in PAPER_SWITCHES if impl == "fsa_paper" else PAPER_SWITCHES[:1]:
+        fn = impl_fn(impl, inner_loop, early_return)
+        cfg = NSAConfig(block_size=64, topk=4)
+        check_against_reference(batch, selected_blocks(batch, cfg, gen), cfg.block_size, fn)
+        block_idx = random_block_idx(batch.cu_seqlens, h_kv, 8, 32, gen, p_drop=0.3)
+        check_against_reference(batch, block_idx, 32, fn)

@@ -1,0 +1,190 @@
+"""NSA query-outer selected attention (ops/selection/nsa.py) against the fp32 reference.
+
+Forward o and lse and gradients dq/dk/dv, bounded by 2x PyTorch's own error in the input dtype
+(reference run under native_precision). Kernel allocations are NaN-poisoned, so an element a
+kernel forgets to write fails the comparison. Shapes stay tiny: on CPU every program runs
+through the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from fsalab.config import NSAConfig
+from fsalab.ops import reference
+from fsalab.ops.selection import nsa, selected_attention
+from fsalab.testing import assert_close, make_batch
+from test_selection_index import random_block_idx, selected_blocks
+
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """torch.empty / empty_like return NaN-filled floating tensors while the kernel runs."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def fill(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = lambda *a, **kw: fill(empty(*a, **kw))
+    torch.empty_like = lambda *a, **kw: fill(empty_like(*a, **kw))
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = empty, empty_like
+
+
+def attention_and_grads(q, k, v, block_idx, cu, block_size, do, dlse, impl):
+    """(o, lse, dq, dk, dv) of loss sum(o * do) + sum(lse * dlse) for fresh leaves copied from q, k, v."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    if impl == "nsa":
+        o, lse = selected_attention(*leaves, block_idx, cu, block_size, impl="nsa")
+    else:
+        o, lse = reference.selected_attention(*leaves, block_idx, cu, block_size)
+    loss = (o * do.to(o.dtype)).sum()
+    if dlse is not None:
+        loss = loss + (lse * dlse.to(lse.dtype)).sum()
+    grads = torch.autograd.grad(loss, leaves)
+    return (o, lse, *grads)
+
+
+def check_against_reference(batch, block_idx, block_size, with_dlse=False):
+    q, k, v, cu = batch.q, batch.k, batch.v, batch.cu_seqlens
+    dtype = q.dtype
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).to(q.device, dtype)
+    dlse = torch.randn(q.shape[:2], generator=torch.Generator().manual_seed(8)).to(q.device) if with_dlse else None
+    with poisoned_allocations():
+        actual = attention_and_grads(q, k, v, block_idx, cu, block_size, do, dlse, "nsa")
+    expected = attention_and_grads(q.float(), k.float(), v.float(), block_idx, cu, block_size, do, dlse, "ref")
+    native = None
+    if dtype != torch.float32:
+        with reference.native_precision():
+            native = attention_and_grads(q, k, v, block_idx, cu, block_size, do, dlse, "ref")
+    assert actual[0].dtype == dtype and actual[1].dtype == torch.float32
+    for i, name in enumerate(("o", "lse", "dq", "dk", "dv")):
+        assert_close(actual[i], expected[i], None if native is None else native[i], dtype=dtype, name=name)
+
+
+@pytest.mark.parametrize(
+    "dtype,d,g,block_size,topk",
+    [
+        (torch.float32, 64, 1, 16, 3),
+        (torch.float16, 64, 2, 16, 4),
+        (torch.float16, 96, 3, 32, 3),
+        (torch.float32, 128, 4, 16, 4),
+        (torch.float16, 192, 5, 16, 3),
+        (torch.float16, 256, 8, 32, 2),
+        (torch.float16, 128, 16, 64, 2),
+        (torch.float32, 256, 16, 16, 3),
+    ],
+)
+def test_nsa_random_selection(dtype, d, g, block_size, topk, seed, gen, device):
+    h_kv = 2 if g in (1, 3) else 1  # h_kv > 1 exercises the head offsets; each program is costly here
+    lengths = [1, 37, 70]
+    batch = make_batch(lengths, g * h_kv, h_kv, d, dtype=dtype, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, h_kv, topk, block_size, gen, p_drop=0.3)
+    check_against_reference(batch, block_idx, block_size)
+
+
+def test_nsa_real_selection(seed, gen, device):
+    """block_idx from NSA's compression + top-k path (init and local blocks forced)."""
+    cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=4, init_blocks=1, local_blocks=2)
+    batch = make_batch([9, 120], 4, 1, 64, dtype=torch.float16, device=device, seed=seed)
+    block_idx = selected_blocks(batch, cfg, gen)
+    check_against_reference(batch, block_idx, cfg.block_size)
+
+
+def test_nsa_block64_long_sequence(seed, gen, device):
+    cfg = NSAConfig(block_size=64, topk=3, init_blocks=1, local_blocks=1)
+    batch = make_batch([150], 4, 1, 64, dtype=torch.float16, device=device, seed=seed)
+    block_idx = selected_blocks(batch, cfg, gen)
+    check_against_reference(batch, block_idx, cfg.block_size)
+
+
+@pytest.mark.parametrize(
+    "lengths,topk",
+    [
+        ([1], 2),  # a single token
+        ([2, 1, 3, 5, 1, 4, 2, 90], 3),  # many short sequences packed with a long one
+        ([20, 45], 8),  # topk above the causal block count: rows padded with -1
+    ],
+)
+def test_nsa_edge_lengths(lengths, topk, seed, gen, device):
+    batch = make_batch(lengths, 4, 1, 64, dtype=torch.float16, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, 1, topk, 16, gen, p_drop=0.0)
+    check_against_reference(batch, block_idx, 16)
+
+
+def test_nsa_empty_selections(seed, gen, device):
+    """Tokens and heads that select nothing: o = 0, lse = -inf, zero gradients."""
+    batch = make_batch([20, 40], 6, 2, 64, dtype=torch.float16, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.5)
+    block_idx[::3] = -1  # every third token selects nothing on either head
+    block_idx[1::3, 0] = -1  # some tokens select nothing on head 0 only
+    check_against_reference(batch, block_idx, 16)
+    nothing = torch.full_like(block_idx, -1)
+    o, lse = selected_attention(batch.q, batch.k, batch.v, nothing, batch.cu_seqlens, 16, impl="nsa")
+    assert bool((o == 0).all()) and bool((lse == float("-inf")).all())
+
+
+def test_nsa_large_logits(seed, gen, device):
+    batch = make_batch([30, 45], 8, 2, 64, dtype=torch.float16, device=device, seed=seed, q_scale=16.0)
+    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.2)
+    check_against_reference(batch, block_idx, 16)
+
+
+def test_nsa_lse_gradient(seed, gen, device):
+    """A loss on lse too: the dq/dk/dv kernels fold dlse into delta."""
+    batch = make_batch([25, 60], 6, 2, 64, dtype=torch.float32, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.0)  # no empty rows: lse finite
+    check_against_reference(batch, block_idx, 16, with_dlse=True)
+
+
+def test_nsa_split_segments(monkeypatch, seed, gen, device):
+    """Long CSR lists split into segments whose fp32 partials are merged (the attention-sink path)."""
+    monkeypatch.setattr(nsa, "_segment_entries", lambda g: 5)
+    batch = make_batch([50, 61], 6, 2, 64, dtype=torch.float16, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.2)
+    block_idx[:, :, 0] = torch.where(block_idx[:, :, 0] >= 0, 0, -1)  # block 0 selected by every non-empty row
+    check_against_reference(batch, block_idx, 16)
+
+
+def test_nsa_deterministic(seed, gen, device):
+    batch = make_batch([33, 20], 4, 1, 64, dtype=torch.float16, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, 1, 3, 16, gen, p_drop=0.2)
+    do = torch.randn_like(batch.q)
+    first = attention_and_grads(batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, 16, do, None, "nsa")
+    second = attention_and_grads(batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, 16, do, None, "nsa")
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_nsa_rejects_bad_block_size(device):
+    batch = make_batch([8], 2, 1, 64, device=device, seed=0)
+    block_idx = torch.zeros(8, 1, 1, dtype=torch.int32, device=device)
+    for bad in (24, 8):
+        with pytest.raises(ValueError, match="block_size"):
+            nsa.selected_attention_nsa(batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "d,g,lengths",
+    [
+        (64, 1, [1, 300, 700, 64]),
+        (128, 4, [1, 300, 700, 64]),
+        (96, 5, [1, 300, 700, 64]),
+        (192, 16, [1, 300, 700, 64]),
+        (256, 2, [1, 300, 700, 64]),
+        (128, 16, [3000, 40]),  # the sink's list (3000 entries) splits into segments
+    ],
+)
+def test_nsa_bf16(d, g, lengths, seed, gen, device):
+    cfg = NSAConfig(block_size=64, topk=4)
+    h_kv = 2
+    batch = make_batch(lengths, g * h_kv, h_kv, d, dtype=torch.bfloat16, device=device, seed=seed)
+    check_against_reference(batch, selected_blocks(batch, cfg, gen), cfg.block_size)
+    block_idx = random_block_idx(batch.cu_seqlens, h_kv, 8, 32, gen, p_drop=0.3)
+    check_against_reference(batch, block_idx, 32)

@@ -1,0 +1,67 @@
+"""The Snakemake workflow: lint, a dry run of every profile, and (opt-in) the smoke run end to end.
+
+Skipped with a reason when snakemake is not installed (`pip install -e '.[workflow,analysis]'`).
+The end-to-end smoke run takes minutes on 2 CPU cores; set FSALAB_E2E=1 to include it.
+"""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fsalab.bench.grid import repo_root
+
+ROOT = repo_root()
+SNAKEMAKE = shutil.which("snakemake") or (
+    str(Path(sys.executable).parent / "snakemake") if (Path(sys.executable).parent / "snakemake").exists() else None
+)
+pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed (pip install -e '.[workflow]')")
+
+
+def _snakemake(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_lint_clean():
+    out = _snakemake("--lint")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Congratulations, your workflow is in a good condition" in out.stdout + out.stderr
+
+
+# ids avoid the bare word "gpu": conftest skips tests carrying a "gpu" keyword on CPU.
+@pytest.mark.parametrize("profile", ["default", "smoke", "gpu", "slurm"], ids=lambda p: f"{p}-profile")
+def test_dry_run(profile):
+    if profile == "slurm" and importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
+        pytest.skip("snakemake-executor-plugin-slurm is not installed")
+    extra = ["--config", "platform=h200"] if profile == "slurm" else []
+    # --forceall: plan every job even where results already exist.
+    out = _snakemake("--workflow-profile", f"workflow/profiles/{profile}", "-n", "--forceall", "--quiet", "rules", *extra)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    if profile in ("gpu", "slurm"):
+        # The paper-scale grids: one job per point.
+        assert "bench_point" in text
+    if profile == "smoke":
+        assert "bench_kernel" in text and "aggregate" in text
+
+
+@pytest.mark.skipif(os.environ.get("FSALAB_E2E") != "1", reason="set FSALAB_E2E=1 to run the smoke workflow end to end")
+def test_smoke_end_to_end(tmp_path):
+    """Every rule of the smoke profile in a scratch copy: results, tables, figures, REPRODUCTION.md."""
+    for name in ("workflow", "experiments", "analysis"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    out = _snakemake("--workflow-profile", "workflow/profiles/smoke", "--config", "figures_platform=none",
+                     cwd=tmp_path, timeout=1800)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    plat = tmp_path / "results" / "cpu-interpret"
+    for exp in ("theory", "kernel", "breakdown", "ablation", "buffers", "longctx"):
+        assert (plat / f"{exp}.csv").is_file()
+    for fig in ("theory/figure2.png", "kernel/figure4_fwd.png", "breakdown/figure8.png", "ablation/figure9.png",
+                "buffers/table5.md", "longctx/tables6_7.md"):
+        assert (plat / "figures" / fig).is_file(), fig
+    assert "| Theorem (§3.5) |" in (plat / "REPRODUCTION.md").read_text()

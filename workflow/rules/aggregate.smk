@@ -1,0 +1,18 @@
+"""Point files -> one tidy CSV per experiment (DESIGN §2 columns)."""
+
+
+rule aggregate:
+    input:
+        point_files,
+    output:
+        report("results/{platform}/{experiment}.csv", category="Tables", caption="../report/tables.rst"),
+    log:
+        "logs/{platform}/aggregate_{experiment}.log",
+    wildcard_constraints:
+        platform=PLATFORM,
+        experiment="|".join(KERNEL_EXPERIMENTS) or "^$",
+    conda:
+        "../envs/fsalab.yaml"
+    shell:
+        "fsalab aggregate --experiment {wildcards.experiment} --platform {wildcards.platform} "
+        "--out {output} > {log} 2>&1"

@@ -1,0 +1,63 @@
+"""Measurements: one job per grid point; the theory table in one job."""
+
+
+if not BATCH_POINTS:
+
+    rule bench_point:
+        output:
+            "results/{platform}/{experiment}/{point}.json",
+        log:
+            "logs/{platform}/{experiment}/{point}.log",
+        wildcard_constraints:
+            platform=PLATFORM,
+            experiment="|".join(KERNEL_EXPERIMENTS) or "^$",
+        params:
+            smoke=SMOKE_FLAG,
+        resources:
+            # One benchmark per GPU at a time (profiles cap the total `gpu`).
+            gpu=1 if ON_GPU else 0,
+        conda:
+            "../envs/fsalab.yaml"
+        shell:
+            "fsalab bench-kernel --experiment {wildcards.experiment} {params.smoke} "
+            "--point {wildcards.point} --platform {wildcards.platform} --out {output} > {log} 2>&1"
+
+else:
+    # batch_points: one process per experiment writes every point file (same files, no
+    # per-point interpreter start-up; the smoke profile uses it to keep CI fast).
+    for _exp in KERNEL_EXPERIMENTS:
+
+        rule:
+            name:
+                f"bench_{_exp}"
+            output:
+                [f"results/{PLATFORM}/{_exp}/{p}.json" for p in POINTS[_exp]],
+            log:
+                f"logs/{PLATFORM}/bench_{_exp}.log",
+            params:
+                smoke=SMOKE_FLAG,
+                experiment=_exp,
+                filter=config["point_filter"] or ".",
+                platform=PLATFORM,
+            resources:
+                gpu=1 if ON_GPU else 0,
+            conda:
+                "../envs/fsalab.yaml"
+            shell:
+                "fsalab bench-kernel --experiment {params.experiment} {params.smoke} --all "
+                "--filter '{params.filter}' --platform {params.platform} --results-dir results > {log} 2>&1"
+
+
+rule theory:
+    output:
+        report("results/{platform}/theory.csv", category="Tables", caption="../report/tables.rst"),
+    log:
+        "logs/{platform}/theory.log",
+    wildcard_constraints:
+        platform=PLATFORM,
+    params:
+        smoke=SMOKE_FLAG,
+    conda:
+        "../envs/fsalab.yaml"
+    shell:
+        "fsalab theory --experiment theory {params.smoke} --out {output} > {log} 2>&1"

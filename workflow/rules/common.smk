@@ -1,0 +1,115 @@
+"""Shared state: mode, platform, experiments and their points (expanded by fsalab.bench.grid,
+the same code the runner uses, so the workflow and `fsalab bench-kernel` agree on point ids)."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(workflow.basedir).parent
+# Use the checkout's package even when fsalab is not installed in this environment.
+sys.path.insert(0, str(ROOT / "src"))
+
+from fsalab.bench import grid  # noqa: E402
+
+
+def _cuda_available():
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# Decided here, not inherited by jobs: `fsalab` itself selects the Triton interpreter on a
+# machine without CUDA (a slurm login node may lack the GPU its jobs get).
+ON_GPU = _cuda_available()
+
+MODE = config["mode"] if config["mode"] != "auto" else ("full" if ON_GPU else "smoke")
+SMOKE = MODE == "smoke"
+SMOKE_FLAG = "--smoke" if SMOKE else ""
+# One process per experiment for the tiny smoke grids (interpreter start-up dominates them).
+BATCH_POINTS = config["batch_points"] if config["batch_points"] is not None else SMOKE
+
+
+def _platform():
+    if config["platform"]:
+        return config["platform"]
+    if not ON_GPU:
+        return "cpu-interpret"  # `fsalab` runs kernels through the Triton interpreter without CUDA
+    from fsalab.bench.provenance import detect_platform
+
+    name = detect_platform()
+    # Tiny smoke points must never mix with a GPU's real results.
+    return f"{name}-smoke" if SMOKE and not name.startswith("cpu") else name
+
+
+PLATFORM = _platform()
+FIGURES_PLATFORM = config["figures_platform"]
+EXPERIMENTS = {name: grid.load_experiment(name, smoke=SMOKE) for name in config["experiments"]}
+KERNEL_EXPERIMENTS = [n for n, e in EXPERIMENTS.items() if e["runner"] == "kernel"]
+POINTS = {n: [p["id"] for p in grid.expand(EXPERIMENTS[n])] for n in KERNEL_EXPERIMENTS}
+if config.get("point_filter"):
+    import re
+
+    POINTS = {n: [p for p in ids if re.search(config["point_filter"], p)] for n, ids in POINTS.items()}
+
+
+def figures_dir(platform):
+    """paper_figures/ for the platform the paper's figures come from, else under results/."""
+    return "paper_figures" if platform == FIGURES_PLATFORM else f"results/{platform}/figures"
+
+
+def experiments_of_notebook(notebook):
+    """Experiments whose YAML names this notebook (defaults to the experiment's own name)."""
+    names = set(config["experiments"]) | {notebook}
+    out = []
+    for name in sorted(names):
+        path = grid.experiment_path(name)
+        if not path.is_file():
+            continue
+        exp = EXPERIMENTS.get(name) or grid.load_experiment(name)
+        if exp.get("notebook", name) == notebook:
+            out.append(name)
+    return out
+
+
+def tables(platform, notebook):
+    """The CSVs a notebook reads: all of them for this machine's platform (made by rules), only
+    those already on disk for another platform (e.g. the committed results/h200/)."""
+    paths = [f"results/{platform}/{e}.csv" for e in experiments_of_notebook(notebook)]
+    if platform == PLATFORM and MODE != "figures":
+        return [p for p, e in zip(paths, experiments_of_notebook(notebook)) if e in EXPERIMENTS]
+    return [p for p in paths if (ROOT / p).is_file()]
+
+
+def figure_platforms():
+    """Platforms whose figures this run (re)makes."""
+    plats = [] if MODE == "figures" else [PLATFORM]
+    if FIGURES_PLATFORM not in plats and (ROOT / "results" / FIGURES_PLATFORM).is_dir():
+        plats.append(FIGURES_PLATFORM)
+    return plats
+
+
+def reproduction_path(platform):
+    return "REPRODUCTION.md" if platform == FIGURES_PLATFORM else f"results/{platform}/REPRODUCTION.md"
+
+
+def all_targets():
+    targets = []
+    if MODE != "figures":
+        targets += [f"results/{PLATFORM}/{e}.csv" for e in EXPERIMENTS]
+    for plat in figure_platforms():
+        for nb in config["notebooks"]:
+            if tables(plat, nb):
+                targets.append(f"{figures_dir(plat)}/{nb}")
+        if config["reproduction"]:
+            targets.append(reproduction_path(plat))
+    return targets
+
+
+def point_files(wildcards):
+    """Result files of every point of an experiment (the aggregate rule's input)."""
+    return [f"results/{wildcards.platform}/{wildcards.experiment}/{p}.json" for p in POINTS[wildcards.experiment]]
+
+
+def reproduction_inputs(platform):
+    """Tables and figure folders REPRODUCTION.md is generated from."""
+    figs = [f"{figures_dir(platform)}/{nb}" for nb in config["notebooks"] if tables(platform, nb)]
+    return [t for nb in config["notebooks"] for t in tables(platform, nb)] + figs

@@ -144,3 +144,49 @@ def test_paper_values_cover_every_table():
     pv = results.paper_values()
     assert {"theorem", "kernel", "breakdown", "ablation", "buffers", "longctx"} <= set(pv)
     assert Path(repo_root() / "analysis" / "paper_values.yaml").is_file()
+
+
+NCU_CSV = """==PROF== Connected to process 4242 (/usr/bin/python3.12)
+==PROF== Profiling "_fsa_fwd": 0%....50%....100% - 1 pass
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","4242","python3.12","127.0.0.1","_fsa_fwd","1","7","(128, 1, 1)","(64, 4, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","Mbyte","1,024.5"
+"0","4242","python3.12","127.0.0.1","_fsa_fwd","1","7","(128, 1, 1)","(64, 4, 1)","0","9.0","Command line profiler metrics","dram__bytes_write.sum","Kbyte","512"
+"0","4242","python3.12","127.0.0.1","_fsa_fwd","1","7","(128, 1, 1)","(64, 4, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","250"
+"1","4242","python3.12","127.0.0.1","_reduce","1","7","(32, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","byte","100"
+"""
+
+
+def test_ncu_csv_parsing_and_model():
+    from fsalab.bench import dram
+
+    kernels = dram.parse_ncu_csv(NCU_CSV)
+    assert [k["kernel"] for k in kernels] == ["_fsa_fwd", "_reduce"]
+    assert kernels[0]["read_bytes"] == pytest.approx(1024.5e6) and kernels[0]["write_bytes"] == pytest.approx(512e3)
+    assert kernels[0]["time_ms"] == pytest.approx(0.25) and kernels[1]["read_bytes"] == 100
+    assert dram.parse_ncu_csv("no csv here") == []
+    p = {**grid.expand(_tiny_exp())[0], "impl": "nsa", "N": 65536, "batch": 1, "h_kv": 4, "g": 4, "d": 128,
+         "block_size": 64, "topk": 16, "dtype": "bfloat16"}
+    nsa = dram.model_bytes(p)
+    fsa = dram.model_bytes({**p, "impl": "fsa_paper"})
+    assert set(nsa) == {"paper", "causal", "fsalab"} and fsa["paper"] / nsa["paper"] == pytest.approx(0.2133, abs=5e-4)
+
+
+def test_dram_without_ncu_is_unsupported():
+    from fsalab.bench import dram
+
+    exp = grid.load_experiment("dram", smoke=True)
+    row = dram.run_point(grid.expand(exp)[0], exp, torch.device("cpu"), platform="unit-cpu")
+    assert row["status"] == "unsupported" and "ncu" in row["message"]
+    grid.validate(json.loads(json.dumps(row)), _result_schema(), "row")
+
+
+def test_cli_option_flag_reaches_the_impl(tmp_path):
+    """--option key=value lands in the point's options (and its id); the reference impl has no
+    such switch, so the row is 'unsupported' rather than a crash."""
+    out = tmp_path / "o.json"
+    args = ["bench-kernel", "--experiment", "ablation", "--smoke", "--op", "selected", "--impl", "reference",
+            "--direction", "fwd", "--N", "64", "--g", "1", "--option", "inner_loop=false", "--out", str(out)]
+    assert cli.main(args) == 0
+    row = json.loads(out.read_text())
+    assert row["options"] == {"inner_loop": False} and row["point"].endswith("-innerloop0")
+    assert row["status"] == "unsupported" and "inner_loop" in row["message"]

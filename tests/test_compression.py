@@ -17,8 +17,8 @@ import torch
 from fsalab.config import NSAConfig
 from fsalab.ops import reference
 from fsalab.ops.compression import compress_kv, select_blocks
-from fsalab.testing import assert_close, cu_seqlens_of
-from fsalab.varlen import compressed_cu_seqlens, compressed_index, local_positions, sequence_ids
+from fsalab.testing import assert_close, check_selection, cu_seqlens_of
+from fsalab.varlen import compressed_cu_seqlens
 
 DEFAULT = NSAConfig()
 
@@ -26,73 +26,6 @@ DEFAULT = NSAConfig()
 # ----------------------------------------------------------------------------------------------
 # Oracles shared with scripts/gpu/check_compression.py
 # ----------------------------------------------------------------------------------------------
-
-
-def reference_block_scores(q, k_cmp, lse_cmp, cu_seqlens, cu_cmp, cfg, scale=None, dtype=torch.float64, chunk=4096):
-    """Block scores as reference.select_blocks ranks them, [total, h_kv, num_blocks] in ``dtype``.
-
-    Forced blocks are +inf, blocks after the own block -inf (the reference's own rules).
-    """
-    total, h, d = q.shape
-    rows, h_kv, _ = k_cmp.shape
-    g = h // h_kv
-    scale = scale if scale is not None else 1.0 / math.sqrt(d)
-    max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if total else 0
-    nb = max(cfg.num_blocks(max_len), cfg.topk)
-    weights = reference.block_overlap_weights(cu_cmp, rows, nb, cfg).to(dtype)
-    seq_q, pos_q = sequence_ids(cu_seqlens, total), local_positions(cu_seqlens, total)
-    seq_c, valid_c = sequence_ids(cu_cmp, rows), torch.arange(rows, device=q.device) < cu_cmp[-1]
-    own_all = pos_q // cfg.block_size
-    blocks = torch.arange(nb, device=q.device)
-    k_t = k_cmp.to(dtype).transpose(0, 1)
-    out = []
-    for lo in range(0, total, chunk):
-        hi = min(total, lo + chunk)
-        last_raw = compressed_index(cu_cmp, rows) * cfg.kernel_stride + cfg.kernel_size - 1
-        mask = (seq_q[lo:hi, None] == seq_c[None, :]) & valid_c & (pos_q[lo:hi, None] >= last_raw[None, :])
-        mask = mask[:, None, None, :]
-        logits = torch.einsum("chgd,hmd->chgm", q[lo:hi].to(dtype).view(-1, h_kv, g, d), k_t) * scale
-        lse = lse_cmp[lo:hi].to(dtype).view(-1, h_kv, g, 1)
-        p = torch.where(mask & torch.isfinite(lse), torch.exp(logits - lse), torch.zeros_like(logits))
-        score = p.sum(2) @ weights
-        own = own_all[lo:hi, None, None]
-        forced = (blocks < cfg.init_blocks) | ((blocks > own - cfg.local_blocks) & (blocks <= own))
-        score = torch.where(forced, torch.full_like(score, float("inf")), score)
-        out.append(torch.where(blocks > own, torch.full_like(score, float("-inf")), score))
-    return torch.cat(out)
-
-
-def check_selection(block_idx, expected, scores, cu_seqlens, cfg, rtol=1e-4):
-    """Assert block_idx is a valid top-T under ``scores``; equal to ``expected`` where no near-tie.
-
-    Returns the number of (token, head) rows that had a near-tie at the top-T boundary.
-    """
-    total, h_kv, topk = block_idx.shape
-    nb = scores.shape[-1]
-    own = (local_positions(cu_seqlens, total) // cfg.block_size)[:, None, None]
-    valid = block_idx >= 0
-    idx = block_idx.long()
-    assert (valid.sum(-1) == torch.clamp(own[..., 0] + 1, max=topk)).all(), "wrong number of selected blocks"
-    assert (valid[..., :-1] | ~valid[..., 1:]).all(), "-1 padding before a valid entry"
-    assert ((idx[..., 1:] > idx[..., :-1]) | ~valid[..., 1:]).all(), "selected blocks not strictly ascending"
-    assert (~valid | (idx <= own)).all(), "selected a block after the own block"
-    sel = torch.zeros(total, h_kv, nb + 1, dtype=torch.bool, device=scores.device)
-    sel.scatter_(-1, torch.where(valid, idx, nb), True)
-    sel = sel[..., :nb]
-    ranked = scores.sort(-1, descending=True).values
-    ranked = torch.cat([ranked, ranked.new_full((total, h_kv, 1), float("-inf"))], -1)
-    kth, next_ = ranked[..., topk - 1], ranked[..., topk]
-    finite = torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores))
-    tol = rtol * finite.abs().amax(-1).clamp(min=1.0)
-    causal = torch.isfinite(scores) | (scores == float("inf"))
-    low = torch.where(sel, scores, torch.full_like(scores, float("inf"))).amin(-1)
-    high = torch.where(~sel & causal, scores, torch.full_like(scores, float("-inf"))).amax(-1)
-    assert (low >= kth - tol).all(), "a selected block scores below the T-th best"
-    assert (high <= kth + tol).all(), "an unselected block scores above the T-th best"
-    near_tie = (kth - next_ <= tol) & torch.isfinite(next_)
-    differ = (block_idx != expected).any(-1)
-    assert not (differ & ~near_tie).any(), f"{int((differ & ~near_tie).sum())} rows without a near-tie differ from the reference"
-    return int(near_tie.sum())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -234,7 +167,7 @@ def test_select_blocks_matches_reference(g, d, dtype, cfg, q_scale, gen):
     got = select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
     expected = reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
     assert got.dtype == torch.int32 and got.shape == expected.shape
-    scores = reference_block_scores(q, k_cmp, lse, cu, cu_cmp, cfg)
+    scores = reference.block_scores(q.double(), k_cmp.double(), lse.double(), cu, cu_cmp, cfg)
     near_ties = check_selection(got, expected, scores, cu, cfg)
     assert near_ties < got.shape[0] * h_kv // 10, "too many near-ties for a meaningful exact comparison"
 

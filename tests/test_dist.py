@@ -1,37 +1,83 @@
-"""FSDP2 training through torchrun: 2 CPU processes (gloo), tiny model, NSA reference ops."""
+"""Multi-process paths on CPU (gloo): FSDP2 training and tensor-parallel prefill, tiny models."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")
 
-TINY = ("{hidden_size: 128, intermediate_size: 256, num_attention_heads: 4, num_key_value_heads: 2, "
-        "head_dim: 32, vocab_size: 256, bos_token_id: null, eos_token_id: null}")
+TINY = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 32, "vocab_size": 256, "bos_token_id": None, "eos_token_id": None}
+ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
 
 
-@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
-@pytest.mark.parametrize("impl", ["reference", "sdpa_math"])
-def test_fsdp2_train_step_two_processes(tmp_path, impl):
-    """The production command (torchrun -m fsalab.bench.train --parallel fsdp) on 2 gloo ranks:
-    the row is ok, every rank holds half of the parameters, the loss is finite."""
-    out = tmp_path / "row.json"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "fsalab.bench.train", "--model", "qwen3-14b", "--impl", impl, "--N", "128", "--layers", "2",
-        "--parallel", "fsdp", "--dtype", "float32", "--topk", "3", "--window-size", "32", "--loss-chunk", "64",
-        "--warmup", "0", "--repeats", "2", "--model-overrides", TINY, "--out", str(out),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+def test_fsdp2_train_step_two_processes(tmp_path):
+    """The production command, torchrun -m fsalab.bench.train --parallel fsdp, on 2 CPU ranks:
+    the row is ok, each rank holds half the parameters (fully_shard per layer + root), the loss
+    is finite."""
+    out = tmp_path / "train.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "fsalab.bench.train", "--model", "qwen3-14b", "--impl", "reference", "--N", "128", "--layers", "2",
+           "--parallel", "fsdp", "--dtype", "float32", "--topk", "3", "--window-size", "32", "--loss-chunk", "64",
+           "--warmup", "0", "--repeats", "2", "--model-overrides", json.dumps(TINY), "--out", str(out)]
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     row = json.loads(out.read_text())
     assert row["status"] == "ok", row.get("traceback", row["message"])
-    assert row["world_size"] == 2 and row["parallel"] == "fsdp"
+    assert row["world_size"] == 2 and row["parallel"] == "fsdp" and row["point"].endswith("-fsdp")
     assert row["local_param_fraction"] == pytest.approx(0.5, abs=0.01)
     assert row["n_samples"] == 2 and row["loss"] == row["loss"]
-    assert row["point"].endswith("-fsdp")
+
+
+def _tp_worker(rank: int, port: int, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    from fsalab import NSAConfig
+    from fsalab.bench import prefill, train
+    from fsalab.dist import fsdp, tp
+    from fsalab.models import configs, patch
+
+    device = fsdp.setup_device()
+    results = []
+    # Qwen3 QK-norm through the NSA adapter; Qwen2 biases through HF's own attention.
+    for name, impl in (("qwen3-14b", "reference"), ("qwen2.5-32b", "sdpa_math")):
+        model = configs.build_model(name, 2, "cpu", torch.float32, **TINY)
+        configs.init_random_(model, seed=0)
+        patch.patch_model(model, impl, NSAConfig(block_size=32, topk=3, window_size=32))
+        ids = torch.randint(0, TINY["vocab_size"], (1, 128), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad(), patch.attention_context(impl):
+            ref = model(input_ids=ids, use_cache=False).logits
+            tp.apply_tensor_parallel(model)
+            out = model(input_ids=ids, use_cache=False).logits
+        results.append((name, (out - ref).abs().max().item(), ref.abs().max().item()))
+    p = {**train.DEFAULTS, "op": "prefill", "model": "llama3-8b", "impl": "reference", "N": 128, "dtype": "float32",
+         "layers": None, "topk": 3, "window_size": 32, "parallel": "tp", "experiment": "prefill",
+         "model_overrides": {**TINY, "num_hidden_layers": 2}}
+    p["id"] = train.point_id(p)
+    row = prefill.run_point(p, {"timing": {"warmup": 0, "repeats": 1}}, device, "cpu-test")
+    queue.put((rank, results, {k: row.get(k) for k in ("status", "message", "world_size", "layers", "point")}))
+    fsdp.teardown()
+
+
+def test_tensor_parallel_prefill_two_processes():
+    """Splitting a materialised model's heads and MLP over 2 ranks leaves its logits unchanged,
+    and the prefill runner's tensor-parallel path (meta build, split, materialise) gives a row."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    queue = mp.get_context("spawn").Queue()
+    mp.start_processes(_tp_worker, args=(port, queue), nprocs=2, start_method="spawn")
+    for _ in range(2):
+        rank, results, row = queue.get(timeout=60)
+        for name, err, scale in results:
+            assert err <= 1e-5 * max(1.0, scale), f"rank {rank} {name}: max abs diff {err}"
+        assert row["status"] == "ok", row["message"]
+        assert row["world_size"] == 2 and row["layers"] == 2 and row["point"].endswith("-tp")

@@ -253,5 +253,5 @@ def test_convergence_three_steps():
     # Every target is the token that followed the probed key in the context.
     for b in range(p["batch"]):
         for t in mask[b].nonzero().flatten().tolist():
-            first = (ids[b, : 128 - 3 * p["queries"]] == ids[b, t]).nonzero().flatten()
+            first = (ids[b, : 128 - 2 * p["queries"]] == ids[b, t]).nonzero().flatten()
             assert ids[b, first[0] + 1] == labels[b, t]

@@ -2,8 +2,8 @@
 
 Both variants: ``fsa_paper`` (statistics + main + sum-reduction kernels, with every ablation
 switch combination) and ``fsa`` (log-sum-exp merged partials, grouped heads, fused backward).
-Forward o and lse and gradients dq/dk/dv are bounded by 2x PyTorch's own error in the input
-dtype (the reference run under native_precision). Kernel allocations, partial buffers
+Forward o and lse and gradients dq/dk/dv are compared with the float64 reference, bounded by
+2x PyTorch's own error in the input dtype (the reference run under native_precision). Kernel allocations, partial buffers
 included, are NaN-poisoned: an element a kernel forgets to write, or a partial a merge reads
 without it being written, fails the comparison. Shapes stay tiny: on CPU every program runs
 through the Triton interpreter.
@@ -68,28 +68,32 @@ def check_against_reference(batch, block_idx, block_size, fn, with_dlse=False):
     dlse = torch.randn(q.shape[:2], generator=torch.Generator().manual_seed(8)).to(q.device) if with_dlse else None
     with poisoned_allocations():
         actual = attention_and_grads(fn, q, k, v, block_idx, cu, block_size, do, dlse)
+    # Expected in float64, so fp32 inputs are also bounded by PyTorch's own fp32 error (large logits).
     ref = reference.selected_attention
-    expected = attention_and_grads(ref, q.float(), k.float(), v.float(), block_idx, cu, block_size, do, dlse)
-    native = None
-    if dtype != torch.float32:
-        with reference.native_precision():
-            native = attention_and_grads(ref, q, k, v, block_idx, cu, block_size, do, dlse)
+    expected = attention_and_grads(ref, q.double(), k.double(), v.double(), block_idx, cu, block_size, do, dlse)
+    with reference.native_precision():
+        native = attention_and_grads(ref, q, k, v, block_idx, cu, block_size, do, dlse)
     assert actual[0].dtype == dtype and actual[1].dtype == torch.float32
     for i, name in enumerate(("o", "lse", "dq", "dk", "dv")):
-        assert_close(actual[i], expected[i], None if native is None else native[i], dtype=dtype, name=name)
+        assert_close(actual[i], expected[i], native[i], dtype=dtype, name=name)
 
 
-@pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
+# The paper variant runs one program per query head, so it gets the cheaper half of the cases.
 @pytest.mark.parametrize(
-    "dtype,d,g,block_size,topk",
+    "impl,dtype,d,g,block_size,topk",
     [
-        (torch.float32, 64, 1, 16, 3),
-        (torch.float16, 96, 3, 32, 3),
-        (torch.float32, 128, 4, 16, 4),
-        (torch.float16, 192, 5, 16, 3),
-        (torch.float16, 256, 2, 64, 2),
-        (torch.float16, 64, 8, 32, 3),
-        (torch.float32, 128, 16, 16, 2),
+        ("fsa", torch.float32, 64, 1, 16, 3),
+        ("fsa_paper", torch.float32, 64, 1, 16, 3),
+        ("fsa", torch.float16, 96, 3, 32, 3),
+        ("fsa_paper", torch.float16, 96, 2, 32, 3),
+        ("fsa", torch.float32, 128, 4, 16, 4),
+        ("fsa", torch.float16, 192, 5, 16, 3),
+        ("fsa_paper", torch.float16, 192, 5, 32, 2),
+        ("fsa", torch.float16, 256, 2, 64, 2),
+        ("fsa_paper", torch.float32, 256, 1, 64, 2),
+        ("fsa", torch.float16, 64, 8, 32, 3),
+        ("fsa", torch.float32, 128, 16, 16, 2),
+        ("fsa_paper", torch.float16, 64, 16, 64, 2),
     ],
 )
 def test_fsa_random_selection(impl, dtype, d, g, block_size, topk, seed, gen, device):
@@ -103,8 +107,8 @@ def test_fsa_random_selection(impl, dtype, d, g, block_size, topk, seed, gen, de
 def test_fsa_paper_ablation_switches(inner_loop, early_return, seed, gen, device):
     """Without the inner loop (one program per query batch) and/or without early return
     (programs run the longest non-sink row's range, masked): same results."""
-    batch = make_batch([40, 90], 4, 2, 64, dtype=torch.float16, device=device, seed=seed)
-    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.2)
+    batch = make_batch([30, 70], 2, 1, 64, dtype=torch.float16, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, 1, 3, 16, gen, p_drop=0.2)
     check_against_reference(batch, block_idx, 16, impl_fn("fsa_paper", inner_loop, early_return))
 
 
@@ -179,8 +183,9 @@ def test_fsa_head_chunks_and_split_rows(impl, monkeypatch, seed, gen, device):
     monkeypatch.setattr(fsa_plan, "MIN_SPLIT_TILES", 1)
     per_head_fwd, per_head_dq = batch.total * 3 * (64 * 2 + 4), batch.total * 3 * 64 * 4
     # g = 5: one KV head per chunk (fused backward); then the backward's dq in 3 + 2 heads;
-    # then the forward in 2 + 2 + 1 heads too.
-    for budget in (5 * per_head_dq, 6 * per_head_fwd, 2 * per_head_fwd):
+    # then the forward in 2 + 2 + 1 heads too (the paper's loops see chunks only there).
+    budgets = (5 * per_head_dq, 6 * per_head_fwd, 2 * per_head_fwd) if impl == "fsa" else (2 * per_head_fwd,)
+    for budget in budgets:
         monkeypatch.setattr(fsa_plan, "BUFFER_BUDGET_BYTES", budget)
         check_against_reference(batch, block_idx, 16, impl_fn(impl))
 

@@ -5,6 +5,7 @@
     fsalab bench-kernel --experiment kernel --point ID            one grid point -> one JSON
     fsalab bench-kernel --experiment kernel --op selected --impl fsa --N 65536 --g 4 ...
     fsalab bench-kernel --experiment kernel --all [--skip-existing]   the whole grid, in-process
+    fsalab bench-dram --experiment dram --all                     DRAM bytes under Nsight Compute
     fsalab bench-train|bench-prefill|bench-convergence ...   end-to-end runners (fsalab.bench.*)
     fsalab theory --experiment theory --out results/<platform>/theory.csv
     fsalab aggregate --experiment kernel [--platform h200]        -> results/<platform>/kernel.csv
@@ -87,21 +88,30 @@ def _point_from_args(args, exp: dict) -> dict | None:
             raw["options"] = dict(args.option)
         if not raw:
             return None
-    one = dict(exp, grid=[{k: [v] for k, v in raw.items()}])
+    # A mapping value on a grid axis is merged into the point, so nest mappings (options) one level.
+    one = dict(exp, grid=[{(f"_{k}" if isinstance(v, dict) else k): [{k: v} if isinstance(v, dict) else v]
+                           for k, v in raw.items()}])
     return grid.expand(one)[0]
+
+
+# Point runners of kernel-level experiments: command -> experiment runner (module fsalab.bench.<runner>).
+POINT_RUNNERS = {"bench-kernel": "kernel", "bench-dram": "dram"}
 
 
 def cmd_bench_kernel(args) -> int:
     device = _prepare_device()
+    import importlib
+
     from .bench import grid, kernel
     from .bench.provenance import detect_platform
 
     if args.platform:
         os.environ["FSALAB_PLATFORM"] = args.platform
     exp = _load(args)
-    if exp["runner"] != "kernel":
-        print(f"experiment {exp['experiment']!r} uses the {exp['runner']!r} runner, not bench-kernel", file=sys.stderr)
+    if exp["runner"] != POINT_RUNNERS[args.command]:
+        print(f"experiment {exp['experiment']!r} uses the {exp['runner']!r} runner, not {args.command}", file=sys.stderr)
         return 2
+    run_point = importlib.import_module(f"fsalab.bench.{exp['runner']}").run_point
     platform = detect_platform()
     point = _point_from_args(args, exp)
     if point is None:
@@ -111,9 +121,9 @@ def cmd_bench_kernel(args) -> int:
         import re
 
         points = [p for p in grid.expand(exp) if re.search(args.filter, p["id"])]
-        kernel.run_points(points, exp, device, args.results_dir, platform, args.skip_existing)
+        kernel.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, runner=run_point)
         return 0
-    row = kernel.run_point(point, exp, device, platform)
+    row = run_point(point, exp, device, platform)
     out = args.out or kernel.result_path(args.results_dir, platform, point["experiment"], point["id"])
     kernel.write_row(row, out)
     median = f"{row['median_ms']:.4f} ms" if row.get("median_ms") is not None else row["message"][:200]
@@ -198,6 +208,25 @@ def cmd_reproduction(args) -> int:
     return 0
 
 
+def kernel_parser(sub, command: str, experiment_args) -> None:
+    """Arguments of the point runners (bench-kernel: timing; bench-dram: Nsight Compute DRAM bytes)."""
+    what = "time" if command == "bench-kernel" else "profile the DRAM traffic of"
+    p = sub.add_parser(command, help=f"{what} kernel-level points (selected, compressed, window, full, nsa)")
+    experiment_args(p)
+    p.add_argument("--point", help="a point id of the experiment, or a JSON/YAML file of parameters")
+    p.add_argument("--all", action="store_true", help="run every point of the grid in this process")
+    p.add_argument("--skip-existing", action="store_true", help="with --all: keep result files already there")
+    p.add_argument("--filter", default=".", help="with --all: only point ids matching this regular expression")
+    p.add_argument("--out", help="result file (default results/<platform>/<experiment>/<point>.json)")
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--platform", help="override the detected platform name")
+    for flag in _PARAM_FLAGS:
+        kind = str if flag in ("op", "impl", "direction", "dtype", "label") else int
+        p.add_argument(f"--{flag.replace('_', '-')}" if flag != "N" else "--N", dest=flag, type=kind)
+    p.add_argument("--option", action="append", type=_parse_option, help="impl switch key=value (repeatable)")
+    p.set_defaults(func=cmd_bench_kernel)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fsalab", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -212,20 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     experiment_args(p)
     p.set_defaults(func=cmd_points)
 
-    p = sub.add_parser("bench-kernel", help="measure kernel-level points (selected, compressed, window, full, nsa)")
-    experiment_args(p)
-    p.add_argument("--point", help="a point id of the experiment, or a JSON/YAML file of parameters")
-    p.add_argument("--all", action="store_true", help="run every point of the grid in this process")
-    p.add_argument("--skip-existing", action="store_true", help="with --all: keep result files already there")
-    p.add_argument("--filter", default=".", help="with --all: only point ids matching this regular expression")
-    p.add_argument("--out", help="result file (default results/<platform>/<experiment>/<point>.json)")
-    p.add_argument("--results-dir", default="results")
-    p.add_argument("--platform", help="override the detected platform name")
-    for flag in _PARAM_FLAGS:
-        kind = str if flag in ("op", "impl", "direction", "dtype", "label") else int
-        p.add_argument(f"--{flag.replace('_', '-')}" if flag != "N" else "--N", dest=flag, type=kind)
-    p.add_argument("--option", action="append", type=_parse_option, help="impl switch key=value (repeatable)")
-    p.set_defaults(func=cmd_bench_kernel)
+    for command in POINT_RUNNERS:
+        kernel_parser(sub, command, experiment_args)
+
+
 
     for name, module in FORWARDED.items():  # listed for --help; main() forwards them before parsing
         sub.add_parser(name, help=f"end-to-end runner fsalab.bench.{module} (see `fsalab {name} --help`)")

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import NSAConfig
+from .varlen import local_positions
+
 # Smallest error bound per dtype, relative to the reference's magnitude: keeps a kernel that is
 # exact where PyTorch happens to be exact too from failing on one rounding step.
 _FLOOR = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -103,3 +106,36 @@ def assert_close(
     err = max_error(actual, expected)
     if err > bound:
         raise AssertionError(f"{name}: max error {err:.3e} exceeds bound {bound:.3e} (dtype {dtype}, ref scale {scale:.3e})")
+
+
+def check_selection(block_idx: torch.Tensor, expected: torch.Tensor, scores: torch.Tensor, cu_seqlens: torch.Tensor, cfg: NSAConfig, rtol: float = 1e-4) -> int:
+    """Assert block_idx is a valid top-T under ``scores``; equal to ``expected`` where no near-tie.
+
+    Returns the number of (token, head) rows that had a near-tie at the top-T boundary.
+    """
+    total, h_kv, topk = block_idx.shape
+    nb = scores.shape[-1]
+    own = (local_positions(cu_seqlens, total) // cfg.block_size)[:, None, None]
+    valid = block_idx >= 0
+    idx = block_idx.long()
+    assert (valid.sum(-1) == torch.clamp(own[..., 0] + 1, max=topk)).all(), "wrong number of selected blocks"
+    assert (valid[..., :-1] | ~valid[..., 1:]).all(), "-1 padding before a valid entry"
+    assert ((idx[..., 1:] > idx[..., :-1]) | ~valid[..., 1:]).all(), "selected blocks not strictly ascending"
+    assert (~valid | (idx <= own)).all(), "selected a block after the own block"
+    sel = torch.zeros(total, h_kv, nb + 1, dtype=torch.bool, device=scores.device)
+    sel.scatter_(-1, torch.where(valid, idx, nb), True)
+    sel = sel[..., :nb]
+    ranked = scores.sort(-1, descending=True).values
+    ranked = torch.cat([ranked, ranked.new_full((total, h_kv, 1), float("-inf"))], -1)
+    kth, next_ = ranked[..., topk - 1], ranked[..., topk]
+    finite = torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores))
+    tol = rtol * finite.abs().amax(-1).clamp(min=1.0)
+    causal = torch.isfinite(scores) | (scores == float("inf"))
+    low = torch.where(sel, scores, torch.full_like(scores, float("inf"))).amin(-1)
+    high = torch.where(~sel & causal, scores, torch.full_like(scores, float("-inf"))).amax(-1)
+    assert (low >= kth - tol).all(), "a selected block scores below the T-th best"
+    assert (high <= kth + tol).all(), "an unselected block scores above the T-th best"
+    near_tie = (kth - next_ <= tol) & torch.isfinite(next_)
+    differ = (block_idx != expected).any(-1)
+    assert not (differ & ~near_tie).any(), f"{int((differ & ~near_tie).sum())} rows without a near-tie differ from the reference"
+    return int(near_tie.sum())

@@ -13,13 +13,14 @@ if not BATCH_POINTS:
             experiment="|".join(KERNEL_EXPERIMENTS) or "^$",
         params:
             smoke=SMOKE_FLAG,
+            command=lambda wc: bench_command(wc.experiment),
         resources:
             # One benchmark per GPU at a time (profiles cap the total `gpu`).
             gpu=1 if ON_GPU else 0,
         conda:
             "../envs/fsalab.yaml"
         shell:
-            "fsalab bench-kernel --experiment {wildcards.experiment} {params.smoke} "
+            "fsalab {params.command} --experiment {wildcards.experiment} {params.smoke} "
             "--point {wildcards.point} --platform {wildcards.platform} --out {output} > {log} 2>&1"
 
 else:
@@ -39,12 +40,13 @@ else:
                 experiment=_exp,
                 filter=config["point_filter"] or ".",
                 platform=PLATFORM,
+                command=bench_command(_exp),
             resources:
                 gpu=1 if ON_GPU else 0,
             conda:
                 "../envs/fsalab.yaml"
             shell:
-                "fsalab bench-kernel --experiment {params.experiment} {params.smoke} --all "
+                "fsalab {params.command} --experiment {params.experiment} {params.smoke} --all "
                 "--filter '{params.filter}' --platform {params.platform} --results-dir results > {log} 2>&1"
 
 

@@ -43,7 +43,8 @@ def _platform():
 PLATFORM = _platform()
 FIGURES_PLATFORM = config["figures_platform"]
 EXPERIMENTS = {name: grid.load_experiment(name, smoke=SMOKE) for name in config["experiments"]}
-KERNEL_EXPERIMENTS = [n for n, e in EXPERIMENTS.items() if e["runner"] == "kernel"]
+# Experiments measured point by point with `fsalab bench-<runner>` (one result file per point).
+KERNEL_EXPERIMENTS = [n for n, e in EXPERIMENTS.items() if e["runner"] in ("kernel", "dram")]
 POINTS = {n: [p["id"] for p in grid.expand(EXPERIMENTS[n])] for n in KERNEL_EXPERIMENTS}
 if config.get("point_filter"):
     import re
@@ -102,6 +103,11 @@ def all_targets():
         if config["reproduction"]:
             targets.append(reproduction_path(plat))
     return targets
+
+
+def bench_command(experiment):
+    """`fsalab` subcommand of an experiment's runner (bench-kernel, bench-dram)."""
+    return f"bench-{EXPERIMENTS[experiment]['runner']}"
 
 
 def point_files(wildcards):

@@ -7,6 +7,8 @@
 - ``timing``: CUDA-event / do_bench / wall-clock timing and peak memory.
 - ``provenance``: platform detection and the provenance block of every result file.
 - ``kernel``: ``run_point`` / ``run_points`` writing ``results/<platform>/<experiment>/<point>.json``.
+- ``dram``: the same points profiled under Nsight Compute (DRAM bytes beside ``fsalab.theory``).
+- ``train``, ``prefill``, ``convergence``: the end-to-end runners (``fsalab bench-train`` ...).
 
 Submodules import torch; import them explicitly (``from fsalab.bench import kernel``).
 """

@@ -2,12 +2,13 @@
 long-context retrieval task with FSA, NSA and full attention from the same seed; FSA's and
 NSA's loss curves must agree within numerical noise and all three must learn.
 
-Task (generated on the fly, on device, from a per-step seed shared by every impl): each row is
-N tokens of random filler with ``pairs`` key-value pairs (two adjacent tokens) scattered over
-the context, then ``queries`` probes at the end, each ``[SEP, key, value]`` for a key of the
-context. Only the value after each probed key is a target, so the model must find the key's
-earlier occurrence, possibly thousands of tokens back (beyond NSA's sliding window), and copy
-the token after it. Vocabulary: 0 unused, 1 SEP, then keys, values, filler.
+Task (generated on the fly from a per-step seed shared by every impl): each row is a context of
+random filler with ``pairs`` key-value pairs (two adjacent tokens) scattered over it, then
+``queries`` key-value pairs drawn from the context's pairs. The value after each query key is a
+target: the model must find an earlier occurrence of the key, for a key's first query usually
+thousands of tokens back (beyond NSA's sliding window), and copy the token after it (an
+induction head). Dense targets (every query) make this learnable in a few hundred steps.
+Vocabulary: 0 unused, then keys, values, filler.
 
 Model: the Llama architecture of ``fsalab.models.configs`` shrunk by ``model_overrides``
 (default 4 layers, hidden 256, 4 query / 2 KV heads of 64), with the same attention swap as
@@ -38,7 +39,7 @@ CONVERGENCE_DEFAULTS = {
     "layers": 4,
     "model_overrides": {
         "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "vocab_size": 512, "bos_token_id": None, "eos_token_id": None,
+        "vocab_size": 1024, "bos_token_id": None, "eos_token_id": None,
     },
     "N": 4096,
     "batch": 8,
@@ -46,10 +47,10 @@ CONVERGENCE_DEFAULTS = {
     "lr": 1e-3,
     "warmup_steps": 30,
     "grad_clip": 1.0,
-    "pairs": 32,
-    "queries": 32,
-    "num_keys": 128,
-    "num_values": 128,
+    "pairs": 128,
+    "queries": 512,
+    "num_keys": 256,
+    "num_values": 256,
     "log_every": 5,
     "checkpointing": False,
     "split": False,
@@ -57,31 +58,30 @@ CONVERGENCE_DEFAULTS = {
 
 
 def retrieval_batch(p: dict, vocab: int, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [batch, N] and labels [batch, N] (-100 except the value after each probed key).
+    """ids [batch, N] and labels [batch, N]: -100 except the value after each query key.
 
-    Deterministic in (seed, step); identical for every impl.
+    Each row: a context of N - 2 x queries tokens, random filler with ``pairs`` key-value pairs
+    (distinct keys) at random even offsets, then ``queries`` key-value pairs whose keys are drawn
+    (with repetition) from the context's pairs, values as in the context. The label at a query
+    key is its value. Deterministic in (seed, step), identical for every impl.
     """
     b, n, pairs, queries = p["batch"], p["N"], p["pairs"], p["queries"]
     nk, nv = p["num_keys"], p["num_values"]
-    key0, val0, fill0 = 2, 2 + nk, 2 + nk + nv
-    if fill0 >= vocab or pairs > nk or queries > pairs:
-        raise ValueError(f"retrieval task needs vocab > {fill0}, pairs <= num_keys, queries <= pairs")
-    context = n - 3 * queries
-    slots = context // 2
-    if pairs > slots:
-        raise ValueError(f"N={n} leaves room for {slots} pairs, {pairs} asked")
+    key0, val0, fill0 = 1, 1 + nk, 1 + nk + nv
+    context = n - 2 * queries
+    if fill0 >= vocab or pairs > nk or pairs > context // 2:
+        raise ValueError(f"retrieval task needs vocab > {fill0}, pairs <= num_keys and <= context / 2 ({context // 2})")
     gen = torch.Generator(device="cpu").manual_seed(p["seed"] * 1_000_003 + step)
     ids = torch.randint(fill0, vocab, (b, n), generator=gen)
     keys = key0 + torch.argsort(torch.rand(b, nk, generator=gen), dim=1)[:, :pairs]
     values = torch.randint(val0, val0 + nv, (b, pairs), generator=gen)
-    pos = 2 * torch.argsort(torch.rand(b, slots, generator=gen), dim=1)[:, :pairs]
+    pos = 2 * torch.argsort(torch.rand(b, context // 2, generator=gen), dim=1)[:, :pairs]
     ids.scatter_(1, pos, keys)
     ids.scatter_(1, pos + 1, values)
-    probe = torch.argsort(torch.rand(b, pairs, generator=gen), dim=1)[:, :queries]
-    tail = torch.stack([torch.ones_like(probe), keys.gather(1, probe), values.gather(1, probe)], dim=2)
-    ids[:, context:] = tail.flatten(1)
+    probe = torch.randint(0, pairs, (b, queries), generator=gen)
+    ids[:, context:] = torch.stack([keys.gather(1, probe), values.gather(1, probe)], dim=2).flatten(1)
     labels = torch.full_like(ids, -100)
-    at_key = context + 1 + 3 * torch.arange(queries)
+    at_key = context + 2 * torch.arange(queries)
     labels[:, at_key] = values.gather(1, probe)
     return ids.to(device), labels.to(device)
 

@@ -157,7 +157,7 @@ def expand(exp: dict) -> list[dict]:
     """
     schema = load_schema("experiment")
     params_schema = {"$defs": schema["$defs"], **schema["$defs"]["params"]}
-    required = KERNEL_REQUIRED if exp["runner"] == "kernel" else THEORY_REQUIRED
+    required = THEORY_REQUIRED if exp["runner"] == "theory" else KERNEL_REQUIRED
     points, seen = [], {}
     for i, sub in enumerate(exp["grid"]):
         for raw in _expand_subgrid(sub):

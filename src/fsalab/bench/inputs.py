@@ -104,8 +104,8 @@ def make_inputs(p: dict, device: torch.device, need_indices: bool = True) -> Inp
     }
     cu = torch.arange(0, total + 1, n, dtype=torch.int32, device=device)
     if not need_indices:
-        empty = torch.empty((total, h_kv, cfg.topk), dtype=torch.int32, device=device)
-        return Inputs(tensors, empty, cu, cfg, n, {"indices_from": "none (the op computes or needs no block indices)"})
+        none = torch.full((total, h_kv, cfg.topk), -1, dtype=torch.int32, device=device)
+        return Inputs(tensors, none, cu, cfg, n, {"indices_from": "none (the op takes no block indices)"})
     mod, source = compression_module()
     with torch.no_grad():
         t = tensors

@@ -171,9 +171,13 @@ def write_row(row: dict, path: str | Path) -> Path:
 
 def run_points(
     points: list[dict], exp: dict, device: torch.device, results_dir: str | Path, platform: str | None = None,
-    skip_existing: bool = False, stream=sys.stderr,
+    skip_existing: bool = False, stream=sys.stderr, runner=None,
 ) -> list[Path]:
-    """Run points in this process, one file each, printing progress (index, status, latency, ETA)."""
+    """Run points in this process, one file each, printing progress (index, status, latency, ETA).
+
+    ``runner(point, exp, device, platform) -> row`` defaults to ``run_point`` (``dram.run_point``
+    profiles instead of timing)."""
+    runner = runner or run_point
     platform = platform or detect_platform()
     written, t0 = [], time.time()
     for i, p in enumerate(points, 1):
@@ -181,7 +185,7 @@ def run_points(
         if skip_existing and path.exists():
             print(f"[{i}/{len(points)}] {p['id']}: exists, skipped", file=stream, flush=True)
             continue
-        row = run_point(p, exp, device, platform)
+        row = runner(p, exp, device, platform)
         written.append(write_row(row, path))
         eta = (time.time() - t0) / i * (len(points) - i)
         lat = f"{row['median_ms']:.3f} ms" if row.get("median_ms") is not None else row["message"][:80]

@@ -194,7 +194,9 @@ def _bind_nsa(impl: str, options: dict) -> BoundOp:
 
     sources = {"selected": impl, "compression": "reference" if impl == "reference" else "triton",
                "window": "reference" if impl == "reference" else "auto"}
-    return BoundOp("nsa_attention", impl, fn, _ref_nsa, False, sources)
+    # need_indices: the op selects its own blocks; the input-time selection only counts the
+    # attended keys of its useful FLOPs (same compression path, same inputs).
+    return BoundOp("nsa_attention", impl, fn, _ref_nsa, True, sources)
 
 
 _BINDERS = {

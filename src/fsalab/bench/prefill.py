@@ -8,6 +8,11 @@ the same way so both sides do the same work). Attention vs MLP: one layer's atte
 MLP timed in isolation (fwd), times L. With ``layers`` < full depth the row adds a labelled
 ``full_depth_ms`` estimate = slice + (L_full - L) x one layer's forward.
 
+With ``parallel: tp`` under torchrun the model is split over the ranks by tensor parallelism
+(``fsalab.dist.tp``, Appendix I): the same row, with the attention split giving the
+attention-module latency at that TP degree (Tables 12-13) and ``median_ms`` the end-to-end
+prefill (Tables 14-15).
+
 Points, rows, failures and the command line are shared with ``fsalab.bench.train``.
 """
 
@@ -39,6 +44,7 @@ PREFILL_DEFAULTS = {"layers": None}
 
 def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
     """Measure one prefill point; always returns a row."""
+    from ..dist import fsdp, tp
     from ..models.patch import attention_context
     from .provenance import detect_platform, provenance
 
@@ -48,8 +54,14 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
     dtype = _DTYPES[p["dtype"]]
     started = time.time()
     lm = None
+    tensor_parallel = p.get("parallel", "none") == "tp"
+    world = fsdp.world_size() if tensor_parallel else 1
     try:
-        lm = build_patched_model(p, device, dtype)
+        if p.get("parallel", "none") not in ("none", "tp"):
+            raise ValueError(f"prefill runs with parallel none or tp, got {p['parallel']!r}")
+        if tensor_parallel and not fsdp.is_initialized():
+            raise ValueError("parallel: tp needs a process group (launch with torchrun)")
+        lm = build_patched_model(p, device, dtype, shard=tp.apply_tensor_parallel if tensor_parallel else None)
         lm.eval()
         ids, _ = random_batch(lm.config.vocab_size, p["batch"], p["N"], device, p["seed"])
         last = []
@@ -71,7 +83,8 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
         row.update(t.summary())
         row["samples_ms"] = t.samples_ms
         row["timing"] = {"method": t.method, **t.settings, "scope": "forward of all layers + LM head on the last token"}
-        row["peak_mem_gib"] = peak
+        row["peak_mem_gib"] = fsdp.max_over_ranks(peak) if tensor_parallel else peak
+        row["world_size"] = world
         row["peak_mem_kind"] = "max_memory_allocated over the timed forwards (weights and activations)"
         row["check"] = {"status": "pass" if finite else "fail", "what": "finite last-token logits"}
         row["tokens_per_s"] = p["batch"] * p["N"] / (row["median_ms"] * 1e-3)

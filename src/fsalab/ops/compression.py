@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import KERNEL_DTYPES, MAX_GROUP, MAX_HEAD_DIM, check_cu_seqlens, check_tensor
+from ..checks import KERNEL_DTYPES, MAX_HEAD_DIM, check_attention_inputs, check_cu_seqlens, check_tensor
 from ..config import NSAConfig
 from ..varlen import compressed_capacity, compressed_cu_seqlens
 
@@ -128,6 +128,8 @@ def _window_rows(r, cu_ptr, cuc_ptr, batch, steps, S: tl.constexpr):
 
 _FWD_CONFIGS = [_cfg(4, 3, BLOCK_R=64, BLOCK_N=64, BLOCK_K=64), _cfg(4, 3, BLOCK_R=64, BLOCK_N=128, BLOCK_K=64),
                 _cfg(8, 3, BLOCK_R=128, BLOCK_N=128, BLOCK_K=64), _cfg(4, 4, BLOCK_R=32, BLOCK_N=128, BLOCK_K=128)]
+_DX_CONFIGS = [_cfg(4, 3, BLOCK_R=64, BLOCK_Y=128, BLOCK_K=64), _cfg(8, 3, BLOCK_R=128, BLOCK_Y=128, BLOCK_K=64),
+               _cfg(4, 3, BLOCK_R=64, BLOCK_Y=64, BLOCK_K=64)]
 _DW_CONFIGS = [_cfg(4, 3, BLOCK_X=64, BLOCK_R=64, BLOCK_N=128), _cfg(8, 3, BLOCK_X=128, BLOCK_R=64, BLOCK_N=128),
                _cfg(4, 3, BLOCK_X=64, BLOCK_R=128, BLOCK_N=64)]
 
@@ -221,26 +223,27 @@ def _compress_dw_kernel(
     tl.store(out, acc.to(dw_ptr.dtype.element_ty), mask=x_ok[:, None] & n_ok[None, :])
 
 
-@_autotune(_FWD_CONFIGS, key=["HEAD_DIM", "L", "S", "size_bucket"])
+@_autotune(_DX_CONFIGS, key=["HEAD_DIM", "L", "S", "size_bucket"])
 @triton.jit
 def _compress_dx_kernel(
     dkc_ptr, dvc_ptr, wk_ptr, wv_ptr, dk_ptr, dv_ptr, tab_ptr,
     s_gt, s_gh, s_wh, s_wx, s_xt, s_xh,
     rows, size_bucket,
-    HEAD_DIM: tl.constexpr, L: tl.constexpr, S: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, L: tl.constexpr, S: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_Y: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Gradient of the raw tokens at offset i of each window's cells, summed over their windows.
+    """Gradient of the raw tokens of each window's cells (s tokens), summed over their windows.
 
-    Token start_r + b*s + i sits at window position (a*s + i) of window r - (a - b), a in [b, l/s).
-    Cell b = 0 of every window is written by that window's row; cells b >= 1 only by the last
-    window of a sequence (earlier ones are cell 0 of a later window). Each token is written once.
+    Cell b of window r holds tokens start_r + b*s + i; with y = i*d + n (token in the cell,
+    channel), dx[r, b, y] = sum_{a=b}^{l/s-1} dout[r - (a - b)] @ w[a*s*d + y]^T: one GEMM over
+    (a, c) per tile of y. Cell 0 of every window is written by its own row; cells b >= 1 only by
+    the last window of a sequence (the others are cell 0 of a later window): each token once.
     """
     MP: tl.constexpr = L // S
     h = tl.program_id(1) // 2
     is_v = tl.program_id(1) % 2
-    i = tl.program_id(2) % S
-    nn = (tl.program_id(2) // S) * BLOCK_N + tl.arange(0, BLOCK_N)
+    yy = tl.program_id(2) * BLOCK_Y + tl.arange(0, BLOCK_Y)
+    y_ok = yy < S * HEAD_DIM
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     in_buf = r < rows
     start = tl.load(tab_ptr + r, mask=in_buf, other=-1)
@@ -256,25 +259,24 @@ def _compress_dx_kernel(
         w_ptr = wk_ptr + h * s_wh
         x_ptr = dk_ptr + h * s_xh
     kk = tl.arange(0, BLOCK_K)
-    n_ok = nn < HEAD_DIM
     has_last = tl.max(last.to(tl.int32), axis=0) > 0
     for b in range(MP):
         if (b == 0) | has_last:
-            acc = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)
-            # Flat loop over y = (a - b)*d + c: window r - (a - b), its output channel c.
-            for y0 in range(0, (MP - b) * HEAD_DIM, BLOCK_K):
-                yy = y0 + kk
-                back = yy // HEAD_DIM
-                cc = yy % HEAD_DIM
-                y_ok = yy < (MP - b) * HEAD_DIM
-                src_ok = valid[:, None] & (j[:, None] >= back[None, :]) & y_ok[None, :]
+            acc = tl.zeros([BLOCK_R, BLOCK_Y], dtype=tl.float32)
+            for k0 in range(0, (MP - b) * HEAD_DIM, BLOCK_K):
+                kx = k0 + kk
+                back = kx // HEAD_DIM  # a - b
+                cc = kx % HEAD_DIM
+                k_ok = kx < (MP - b) * HEAD_DIM
+                src_ok = valid[:, None] & (j[:, None] >= back[None, :]) & k_ok[None, :]
                 g = tl.load(g_ptr + (r[:, None] - back[None, :]).to(tl.int64) * s_gt + cc[None, :], mask=src_ok, other=0.0)
-                w_row = ((back + b) * S + i) * HEAD_DIM
-                wt = tl.load(w_ptr + (w_row[:, None] + nn[None, :]) * s_wx + cc[:, None], mask=y_ok[:, None] & n_ok[None, :], other=0.0)
+                w_row = (back + b) * (S * HEAD_DIM)
+                wt = tl.load(w_ptr + (w_row[:, None] + yy[None, :]) * s_wx + cc[:, None], mask=k_ok[:, None] & y_ok[None, :], other=0.0)
                 acc = tl.dot(g, wt.to(g.dtype), acc, input_precision=DOT_PREC)
             dst_ok = tl.where(b == 0, valid, last)
-            out = x_ptr + (start + b * S + i).to(tl.int64)[:, None] * s_xt + nn[None, :]
-            tl.store(out, acc.to(x_ptr.dtype.element_ty), mask=dst_ok[:, None] & n_ok[None, :])
+            tok = (start + b * S).to(tl.int64)[:, None] + (yy // HEAD_DIM)[None, :]
+            out = x_ptr + tok * s_xt + (yy % HEAD_DIM)[None, :]
+            tl.store(out, acc.to(x_ptr.dtype.element_ty), mask=dst_ok[:, None] & y_ok[None, :])
 
 
 def _tiles(d: int, cfg: NSAConfig, dtype: torch.dtype, rows: int) -> dict:
@@ -318,11 +320,10 @@ class _CompressKV(torch.autograd.Function):
         dw_v = torch.zeros_like(w_v) if need_w else None
         tiles = _tiles(d, cfg, k.dtype, rows)
         if need_x and rows:
-            grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]), 2 * h_kv, cfg.kernel_stride * triton.cdiv(d, meta["BLOCK_N"]))  # noqa: E731
+            grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]), 2 * h_kv, triton.cdiv(cfg.kernel_stride * d, meta["BLOCK_Y"]))  # noqa: E731
             _compress_dx_kernel[grid](
                 dk_cmp, dv_cmp, w_k, w_v, dk, dv, tab, dk_cmp.stride(0), dk_cmp.stride(1), w_k.stride(0), w_k.stride(1),
-                dk.stride(0), dk.stride(1), rows, **tiles,
-                **_meta(BLOCK_R=64, BLOCK_N=_next_pow2(max(d, 16)), BLOCK_K=_next_pow2(max(d, 16))),
+                dk.stride(0), dk.stride(1), rows, **tiles, **_meta(BLOCK_R=64, BLOCK_Y=1024, BLOCK_K=_next_pow2(max(d, 16))),
             )
         if need_w and rows:
             lx = cfg.kernel_size * d
@@ -330,7 +331,7 @@ class _CompressKV(torch.autograd.Function):
             _compress_dw_kernel[grid](
                 k, v, pe, dk_cmp, dv_cmp, dw_k, dw_v, tab, *_strides(k, v), pe.stride(0), dk_cmp.stride(0),
                 dk_cmp.stride(1), dw_k.stride(0), dw_k.stride(1), rows, **tiles,
-                **_meta(BLOCK_X=512, BLOCK_R=64, BLOCK_N=_next_pow2(max(d, 16))),
+                **_meta(BLOCK_X=1024, BLOCK_R=64, BLOCK_N=_next_pow2(max(d, 16))),
             )
         dpe = None
         if ctx.needs_input_grad[4]:
@@ -529,22 +530,13 @@ def select_blocks(
     """
     if not isinstance(cfg, NSAConfig):
         raise TypeError(f"cfg must be an NSAConfig, got {type(cfg).__name__}")
-    check_tensor("q", q, 3, KERNEL_DTYPES)
-    check_tensor("k_cmp", k_cmp, 3, (q.dtype,), q.device)
-    total, h, d = q.shape
-    rows, h_kv, _ = k_cmp.shape
-    if k_cmp.shape[2] != d:
-        raise ValueError(f"k_cmp has head dim {k_cmp.shape[2]}, q has {d}; they must match")
-    if h_kv < 1 or h % h_kv or h // h_kv > MAX_GROUP:
-        raise ValueError(f"q heads ({h}) must be a multiple of k_cmp heads ({h_kv}) with g <= {MAX_GROUP}")
-    if d > MAX_HEAD_DIM:
-        raise ValueError(f"head dim d = {d} exceeds {MAX_HEAD_DIM}")
+    h, h_kv, g, d = check_attention_inputs(q, k_cmp, k_cmp, cu_seqlens)
+    total, rows = q.shape[0], k_cmp.shape[0]
     if rows != compressed_capacity(total, cfg.kernel_stride):
         raise ValueError(f"k_cmp must have total // kernel_stride = {compressed_capacity(total, cfg.kernel_stride)} rows, got {rows}")
     check_tensor("lse_cmp", lse_cmp, 2, (torch.float32, torch.float16, torch.bfloat16), q.device)
     if tuple(lse_cmp.shape) != (total, h):
         raise ValueError(f"lse_cmp must have shape [total, h] = [{total}, {h}], got {tuple(lse_cmp.shape)}")
-    check_cu_seqlens(cu_seqlens, total, q.device)
     check_tensor("cu_seqlens_cmp", cu_seqlens_cmp, 1, (torch.int32,), q.device)
     if cu_seqlens_cmp.shape != cu_seqlens.shape:
         raise ValueError(f"cu_seqlens_cmp must have shape {tuple(cu_seqlens.shape)}, got {tuple(cu_seqlens_cmp.shape)}")
@@ -555,7 +547,6 @@ def select_blocks(
     q, k_cmp = _unit_last_stride(q), _unit_last_stride(k_cmp)
     if rows == 0:  # no compressed token at all: keep a valid pointer, every load is masked
         k_cmp = k_cmp.new_zeros((1, h_kv, d))
-    g = h // h_kv
     g_pad = _next_pow2(g)
     r = cfg.block_size // cfg.kernel_stride
     t_pad = max(2, _next_pow2(cfg.topk))

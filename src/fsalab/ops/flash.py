@@ -82,20 +82,22 @@ def _cfg(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
     return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
 
 
+# Only configs that compile for sm_90 (d = 128) without register spills, or with a few bytes
+# spilled outside the inner loops (ptxas -v; see docs/perf-log-flash.md): a spilling config is
+# slow whatever the autotuner measures, and each extra config costs compile time.
 # Query-outer kernels (forward, dq): BLOCK_M query rows stay in registers, BLOCK_N keys stream.
-_FWD_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3)]
-_DQ_CONFIGS = [_cfg(128, 64, 8, 3), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 3)]
+_FWD_CONFIGS = [_cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3)]
+_DQ_CONFIGS = [_cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3)]
 # Key-outer dk/dv kernel: BLOCK_N keys with their fp32 dk, dv accumulators, BLOCK_M queries stream.
-_DKDV_CONFIGS = [_cfg(64, 128, 8, 3), _cfg(32, 128, 4, 3), _cfg(64, 64, 4, 3)]
-# Tried for d = 256 only: 8 warps hold [64, 256] fp32 accumulators without spilling.
-_D256_ONLY = [_cfg(64, 64, 8, 2), _cfg(64, 32, 8, 2), _cfg(32, 64, 8, 2)]
+_DKDV_CONFIGS = [_cfg(32, 128, 8, 2), _cfg(64, 128, 8, 2), _cfg(32, 64, 4, 3)]
+# Tried for d = 256 only: 8 warps hold [64, 256] fp32 accumulators.
+_D256_ONLY = [_cfg(64, 64, 8, 2), _cfg(32, 64, 8, 2)]
 
 
 def _prune(configs, named_args, **kwargs):
-    """d = 256: tiles of at most 64 rows, so resident [tile, d] operands and accumulators fit."""
-    if kwargs.get("D_PAD", named_args.get("D_PAD")) < 256:
-        return [c for c in configs if all(c is not x for x in _D256_ONLY)]
-    return [c for c in configs if max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= 64]
+    """d = 256 gets its own configs; smaller d never tries them."""
+    big = kwargs.get("D_PAD", named_args.get("D_PAD")) >= 256
+    return [c for c in configs if any(c is x for x in _D256_ONLY) == big]
 
 
 def _autotune(configs):
@@ -113,7 +115,7 @@ def _autotune(configs):
 
 # Runtime ints that vary between calls: not specialized (== 1, % 16), so a new batch size, group
 # or window reuses the compiled kernels instead of recompiling every autotune config.
-_DYNAMIC = ["n_heads", "batch", "n_search", "group", "key_stride", "key_offset", "window"]
+_DYNAMIC = ["batch", "n_search", "group", "key_stride", "key_offset", "window"]
 
 
 def _meta(block_m: int, block_n: int) -> dict:
@@ -124,8 +126,10 @@ def _meta(block_m: int, block_n: int) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Device helpers
 # ----------------------------------------------------------------------------------------------
-# Inner loops inline their masks: the interpreter pays ~0.3 ms per nested jit call, and on GPU a
-# d-mask `arange(D_PAD) < D` keeps loads vectorized (its constancy is the divisibility of D).
+# Steps inline their masks: the interpreter pays ~0.3 ms per nested jit call, and on GPU a d-mask
+# `arange(D_PAD) < D` keeps loads vectorized (its constancy is the divisibility of D). Steps
+# rebuild their tile pointers from a scalar row: loop-carried [tile, D] tensors of 64-bit
+# pointers cost the registers that made the dk/dv kernel spill.
 
 
 @triton.jit
@@ -148,14 +152,23 @@ def _tile_of(pid, cu_ptr, batch, n_search, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _split_range(lo, hi, full_lo, full_hi, BLOCK: tl.constexpr):
-    """Cut [lo, hi) into BLOCK-tiles: masked [lo, a), unmasked [a, b) inside [full_lo, full_hi), masked [b, hi).
+def _tile_ranges(lo, hi, full_lo, full_hi, BLOCK: tl.constexpr):
+    """Cut [lo, hi) into BLOCK-tiles from lo: unmasked tiles [mid_lo, mid_hi) inside [full_lo, full_hi),
+    and n_edge masked ones around them, the first n_first from lo (see _edge_start).
 
-    Returns (min(a, hi), a, b); every range may be empty.
+    Returns (n_first, n_edge, mid_lo, mid_hi); any range may be empty.
     """
-    a = lo + tl.cdiv(tl.maximum(full_lo - lo, 0), BLOCK) * BLOCK
-    b = a + tl.maximum(tl.minimum(full_hi, hi) - a, 0) // BLOCK * BLOCK
-    return tl.minimum(a, hi), a, b
+    mid_lo = lo + tl.cdiv(tl.maximum(full_lo - lo, 0), BLOCK) * BLOCK
+    mid_hi = mid_lo + tl.maximum(tl.minimum(full_hi, hi) - mid_lo, 0) // BLOCK * BLOCK
+    n_first = tl.cdiv(tl.maximum(tl.minimum(mid_lo, hi) - lo, 0), BLOCK)
+    n_edge = n_first + tl.cdiv(tl.maximum(hi - mid_hi, 0), BLOCK)
+    return n_first, n_edge, mid_lo, mid_hi
+
+
+@triton.jit
+def _edge_start(t, lo, n_first, mid_hi, BLOCK: tl.constexpr):
+    """Start of masked tile t of _tile_ranges: one loop walks the edges on both sides."""
+    return tl.where(t < n_first, lo + t * BLOCK, mid_hi + (t - n_first) * BLOCK)
 
 
 @triton.jit
@@ -171,12 +184,16 @@ def _key_bounds(t, n_k, key_stride, key_offset, window):
 
 
 @triton.jit
-def _key_tiles(m0, last, n_k, key_stride, key_offset, window, BLOCK_N: tl.constexpr):
-    """Keys [lo, hi) seen by query rows m0..last, cut by _split_range around the keys all rows see."""
+def _key_tiles(m0, n_q, n_k, key_stride, key_offset, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key tiles of query rows [m0, m0 + BLOCK_M): (lo, n_first, n_edge, mid_lo, mid_hi) as in
+    _tile_ranges, plus each row's visible keys as (row_lo, row_count) with unsigned counts."""
+    rows = m0 + tl.arange(0, BLOCK_M)
+    last = tl.minimum(m0 + BLOCK_M, n_q) - 1
     lo, full_hi = _key_bounds(m0, n_k, key_stride, key_offset, window)
     full_lo, hi = _key_bounds(last, n_k, key_stride, key_offset, window)
-    first_end, mid_lo, mid_hi = _split_range(lo, hi, full_lo, full_hi, BLOCK_N)
-    return lo, first_end, mid_lo, mid_hi, hi
+    n_first, n_edge, mid_lo, mid_hi = _tile_ranges(lo, hi, full_lo, full_hi, BLOCK_N)
+    row_lo, row_hi = _key_bounds(rows, n_k, key_stride, key_offset, window)
+    return lo, n_first, n_edge, mid_lo, mid_hi, row_lo, tl.maximum(row_hi - row_lo, 0).to(tl.uint32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -185,49 +202,38 @@ def _key_tiles(m0, last, n_k, key_stride, key_offset, window, BLOCK_N: tl.conste
 
 
 @triton.jit
-def _fwd_inner(acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, start, end, n_k,
-               scale_log2, d_ok, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
-    """Online softmax over key tiles [start, end); row t sees keys [row_lo[t], row_hi[t]).
-
-    k_ptrs/v_ptrs point at key row 0 of the sequence (+ tile offsets).
-    """
-    offs_n = tl.arange(0, BLOCK_N)
-    k_ptrs += start.to(tl.int64) * stride_kt
-    v_ptrs += start.to(tl.int64) * stride_vt
-    k_step = BLOCK_N * stride_kt
-    v_step = BLOCK_N * stride_vt
-    for j0 in range(start, end, BLOCK_N):
-        cols = j0 + offs_n
-        kv_mask = d_ok[None, :]
-        if MASKED:
-            kv_mask = kv_mask & (cols < n_k)[:, None]
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-        if MASKED:
-            vis = (cols[None, :] >= row_lo[:, None]) & (cols[None, :] < row_hi[:, None])
-            s = tl.where(vis, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # A row with nothing visible yet keeps m = -inf; shift it by 0 so exp2 gives 0, not NaN.
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = m_new
-        p = tl.exp2(s - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-        m_i = m_new
-        k_ptrs += k_step
-        v_ptrs += v_step
-    return acc, m_i, l_i
+def _fwd_step(acc, m_i, l_i, q, K, V, k_start, j0, stride_kt, stride_vt, offs_k, offs_v, row_lo, row_count, n_k,
+              scale_log2, d_ok, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """Online softmax over key tile [j0, j0 + BLOCK_N); row t sees keys [row_lo[t], row_lo[t] + row_count[t])."""
+    cols = j0 + tl.arange(0, BLOCK_N)
+    kv_mask = d_ok[None, :]
+    if MASKED:
+        kv_mask = kv_mask & (cols < n_k)[:, None]
+    row = (k_start + j0).to(tl.int64)
+    k = tl.load(K + row * stride_kt + offs_k, mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+    if MASKED:
+        # One unsigned compare: cols < row_lo wraps around to a huge offset.
+        s = tl.where((cols[None, :] - row_lo[:, None]).to(tl.uint32) < row_count[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row with nothing visible yet keeps m = -inf; shift it by 0 so exp2 gives 0, not NaN.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(V + row * stride_vt + offs_v, mask=kv_mask, other=0.0)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+    return acc, m_new, l_i
 
 
 @_autotune(_FWD_CONFIGS)
-@triton.jit(do_not_specialize=_DYNAMIC)
+@triton.jit(do_not_specialize=_DYNAMIC + ["n_heads"])
 def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
-                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                n_heads, batch, n_search, group, scale_log2, key_stride, key_offset, window,
+                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, n_heads,
+                batch, n_search, group, scale_log2, key_stride, key_offset, window,
                 D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # Reversed order: the last (longest-running) causal tiles start first.
@@ -242,27 +248,27 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
     offs_n = tl.arange(0, BLOCK_N)
     dcol = tl.arange(0, D_PAD)
     d_ok = dcol < D
-    rows = m0 + offs_m
-    row_ok = rows < n_q
+    row_ok = m0 + offs_m < n_q
     q_row0 = (q_start + m0).to(tl.int64)
     q = tl.load(Q + q_row0 * stride_qt + head * stride_qh + offs_m[:, None] * stride_qt + dcol[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     kv_head = head // group
-    k_ptrs = K + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh + offs_n[:, None] * stride_kt + dcol[None, :]
-    v_ptrs = V + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh + offs_n[:, None] * stride_vt + dcol[None, :]
-
-    last = tl.minimum(m0 + BLOCK_M, n_q) - 1
-    lo, first_end, mid_lo, mid_hi, hi = _key_tiles(m0, last, n_k, key_stride, key_offset, window, BLOCK_N)
-    row_lo, row_hi = _key_bounds(rows, n_k, key_stride, key_offset, window)
+    K += kv_head * stride_kh
+    V += kv_head * stride_vh
+    offs_k = offs_n[:, None] * stride_kt + dcol[None, :]
+    offs_v = offs_n[:, None] * stride_vt + dcol[None, :]
+    lo, n_first, n_edge, mid_lo, mid_hi, row_lo, row_count = _key_tiles(
+        m0, n_q, n_k, key_stride, key_offset, window, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, lo, first_end, hi,
-                               scale_log2, d_ok, BLOCK_N, True, PRECISION)
-    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, mid_lo, mid_hi, hi,
-                               scale_log2, d_ok, BLOCK_N, False, PRECISION)
-    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, mid_hi, hi, hi,
-                               scale_log2, d_ok, BLOCK_N, True, PRECISION)
+    for t in range(0, n_edge):
+        j0 = _edge_start(t, lo, n_first, mid_hi, BLOCK_N)
+        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, K, V, k_start, j0, stride_kt, stride_vt, offs_k, offs_v,
+                                  row_lo, row_count, n_k, scale_log2, d_ok, BLOCK_N, True, PRECISION)
+    for j0 in range(mid_lo, mid_hi, BLOCK_N):
+        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, K, V, k_start, j0, stride_kt, stride_vt, offs_k, offs_v,
+                                  row_lo, row_count, n_k, scale_log2, d_ok, BLOCK_N, False, PRECISION)
 
     seen = l_i > 0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -278,9 +284,12 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
 
 
 @triton.jit(do_not_specialize=["total", "n_heads"])
-def _delta_kernel(O, DO, DLSE, DELTA, total, stride_ot, stride_oh, stride_dt, stride_dh, n_heads,
+def _stats_kernel(O, DO, LSE, DLSE, LSE_S, DELTA, total, stride_ot, stride_oh, stride_dt, stride_dh, n_heads, inv_scale,
                   HAS_DLSE: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
-    """delta[t, h] = sum_d o * do - dlse (dlse: the gradient flowing into lse)."""
+    """Per-row statistics of the backward, head-major [h, total] for contiguous tile loads:
+    lse_s = lse / scale, the lse in units of raw scores q.k (+inf where lse = -inf, so that
+    p = exp2((s - lse_s) * scale * log2(e)) = 0), and delta = sum_d o * do - dlse (dlse: the
+    gradient flowing into lse). Both seed the accumulators of the s and dp products."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     head = tl.program_id(1)
     dcol = tl.arange(0, D_PAD)
@@ -292,43 +301,38 @@ def _delta_kernel(O, DO, DLSE, DELTA, total, stride_ot, stride_oh, stride_dt, st
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     if HAS_DLSE:
         delta -= tl.load(DLSE + r64 * n_heads + head, mask=ok, other=0.0)
-    tl.store(DELTA + r64 * n_heads + head, delta, mask=ok)
+    lse = tl.load(LSE + r64 * n_heads + head, mask=ok, other=0.0)
+    out = head.to(tl.int64) * total + rows
+    tl.store(LSE_S + out, tl.where(lse == float("-inf"), float("inf"), lse * inv_scale), mask=ok)
+    tl.store(DELTA + out, delta, mask=ok)
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, start, end, n_k,
-              scale_log2, d_ok, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
-    offs_n = tl.arange(0, BLOCK_N)
-    k_ptrs += start.to(tl.int64) * stride_kt
-    v_ptrs += start.to(tl.int64) * stride_vt
-    k_step = BLOCK_N * stride_kt
-    v_step = BLOCK_N * stride_vt
-    for j0 in range(start, end, BLOCK_N):
-        cols = j0 + offs_n
-        kv_mask = d_ok[None, :]
-        if MASKED:
-            kv_mask = kv_mask & (cols < n_k)[:, None]
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-        if MASKED:
-            vis = (cols[None, :] >= row_lo[:, None]) & (cols[None, :] < row_hi[:, None])
-            s = tl.where(vis, s, float("-inf"))
-        p = tl.exp2(s - lse2[:, None])
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
-        k_ptrs += k_step
-        v_ptrs += v_step
-    return dq
+def _dq_step(dq, q, do, lse_s, delta, K, V, k_start, j0, stride_kt, stride_vt, offs_k, offs_v, row_lo, row_count, n_k,
+             scale_log2, d_ok, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+             PRECISION: tl.constexpr):
+    """dq += dS K over key tile [j0, j0 + BLOCK_N) (dq unscaled; see _stats_kernel for lse_s, delta)."""
+    cols = j0 + tl.arange(0, BLOCK_N)
+    kv_mask = d_ok[None, :]
+    if MASKED:
+        kv_mask = kv_mask & (cols < n_k)[:, None]
+    row = (k_start + j0).to(tl.int64)
+    k = tl.load(K + row * stride_kt + offs_k, mask=kv_mask, other=0.0)
+    v = tl.load(V + row * stride_vt + offs_v, mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), tl.broadcast_to(-lse_s[:, None], (BLOCK_M, BLOCK_N)), input_precision=PRECISION)
+    if MASKED:
+        s = tl.where((cols[None, :] - row_lo[:, None]).to(tl.uint32) < row_count[:, None], s, float("-inf"))
+    p = tl.exp2(s * scale_log2)
+    ds = p * tl.dot(do, tl.trans(v), tl.broadcast_to(-delta[:, None], (BLOCK_M, BLOCK_N)), input_precision=PRECISION)
+    return tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
 
 
 @_autotune(_DQ_CONFIGS)
-@triton.jit(do_not_specialize=_DYNAMIC)
-def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
+@triton.jit(do_not_specialize=_DYNAMIC + ["total"])
+def _dq_kernel(Q, K, V, DO, LSE_S, DELTA, DQ, CU_Q, CU_K,
                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-               stride_dqt, stride_dqh,
-               n_heads, batch, n_search, group, scale, scale_log2, key_stride, key_offset, window,
+               stride_dqt, stride_dqh, total,
+               batch, n_search, group, scale, scale_log2, key_stride, key_offset, window,
                D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -342,97 +346,83 @@ def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
     offs_n = tl.arange(0, BLOCK_N)
     dcol = tl.arange(0, D_PAD)
     d_ok = dcol < D
-    rows = m0 + offs_m
-    row_ok = rows < n_q
+    row_ok = m0 + offs_m < n_q
     q_mask = row_ok[:, None] & d_ok[None, :]
     q_row0 = (q_start + m0).to(tl.int64)
     q = tl.load(Q + q_row0 * stride_qt + head * stride_qh + offs_m[:, None] * stride_qt + dcol[None, :],
                 mask=q_mask, other=0.0)
     do = tl.load(DO + q_row0 * stride_dot + head * stride_doh + offs_m[:, None] * stride_dot + dcol[None, :],
                  mask=q_mask, other=0.0)
-    stat = q_row0 * n_heads + head + offs_m * n_heads
-    lse = tl.load(LSE + stat, mask=row_ok, other=0.0)
-    # lse in log2 units; -inf (row sees nothing) becomes +inf so that exp2(s - lse) = 0.
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    stat = head.to(tl.int64) * total + q_row0 + offs_m
+    lse_s = tl.load(LSE_S + stat, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + stat, mask=row_ok, other=0.0)
     kv_head = head // group
-    k_ptrs = K + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh + offs_n[:, None] * stride_kt + dcol[None, :]
-    v_ptrs = V + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh + offs_n[:, None] * stride_vt + dcol[None, :]
-
-    last = tl.minimum(m0 + BLOCK_M, n_q) - 1
-    lo, first_end, mid_lo, mid_hi, hi = _key_tiles(m0, last, n_k, key_stride, key_offset, window, BLOCK_N)
-    row_lo, row_hi = _key_bounds(rows, n_k, key_stride, key_offset, window)
+    K += kv_head * stride_kh
+    V += kv_head * stride_vh
+    offs_k = offs_n[:, None] * stride_kt + dcol[None, :]
+    offs_v = offs_n[:, None] * stride_vt + dcol[None, :]
+    lo, n_first, n_edge, mid_lo, mid_hi, row_lo, row_count = _key_tiles(
+        m0, n_q, n_k, key_stride, key_offset, window, BLOCK_M, BLOCK_N)
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, lo, first_end, hi,
-                   scale_log2, d_ok, BLOCK_N, True, PRECISION)
-    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, mid_lo, mid_hi, hi,
-                   scale_log2, d_ok, BLOCK_N, False, PRECISION)
-    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, row_lo, row_hi, mid_hi, hi, hi,
-                   scale_log2, d_ok, BLOCK_N, True, PRECISION)
+    for t in range(0, n_edge):
+        j0 = _edge_start(t, lo, n_first, mid_hi, BLOCK_N)
+        dq = _dq_step(dq, q, do, lse_s, delta, K, V, k_start, j0, stride_kt, stride_vt, offs_k, offs_v,
+                      row_lo, row_count, n_k, scale_log2, d_ok, BLOCK_M, BLOCK_N, True, PRECISION)
+    for j0 in range(mid_lo, mid_hi, BLOCK_N):
+        dq = _dq_step(dq, q, do, lse_s, delta, K, V, k_start, j0, stride_kt, stride_vt, offs_k, offs_v,
+                      row_lo, row_count, n_k, scale_log2, d_ok, BLOCK_M, BLOCK_N, False, PRECISION)
     tl.store(DQ + q_row0 * stride_dqt + head * stride_dqh + offs_m[:, None] * stride_dqt + dcol[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, pos_lo, pos_hi, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qt, stride_dot, n_heads,
-                start, end, n_valid, scale_log2, d_ok,
-                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
-    """Query tiles [start, end) of one head; key j is seen by query rows [pos_lo[j], pos_hi[j]).
+def _dkdv_step(dk, dv, k, v, Q, DO, LSE_S, DELTA, q_row, stat, m0, hi, stride_qt, stride_dot, offs_q, offs_do,
+               pos_lo, count, scale_log2, d_ok, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """dk += dS^T Q, dv += P^T dO over query rows [m0, m0 + BLOCK_M) of one head (rows >= hi masked).
 
-    Pointers point at query row 0 of the sequence (+ tile offsets).
+    Transposed [keys, queries] tiles: P^T and dS^T feed the next products from registers. Key j
+    is seen by query rows [pos_lo[j], pos_lo[j] + count[j]) (unsigned counts, already clipped to hi).
     """
     offs_m = tl.arange(0, BLOCK_M)
-    q_ptrs += start.to(tl.int64) * stride_qt
-    do_ptrs += start.to(tl.int64) * stride_dot
-    lse_ptrs += start.to(tl.int64) * n_heads
-    delta_ptrs += start.to(tl.int64) * n_heads
-    q_step = BLOCK_M * stride_qt
-    do_step = BLOCK_M * stride_dot
-    stat_step = BLOCK_M * n_heads
-    for m0 in range(start, end, BLOCK_M):
-        rows = m0 + offs_m
-        if MASKED:
-            row_ok = rows < n_valid
-            q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-            do = tl.load(do_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-            lse = tl.load(lse_ptrs, mask=row_ok, other=0.0)
-            delta = tl.load(delta_ptrs, mask=row_ok, other=0.0)
-        else:
-            q = tl.load(q_ptrs, mask=d_ok[None, :], other=0.0)
-            do = tl.load(do_ptrs, mask=d_ok[None, :], other=0.0)
-            lse = tl.load(lse_ptrs)
-            delta = tl.load(delta_ptrs)
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-        # Transposed tiles [BLOCK_N keys, BLOCK_M queries]: dk and dv accumulate along the query axis.
-        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * scale_log2
-        if MASKED:
-            vis = (rows[None, :] >= pos_lo[:, None]) & (rows[None, :] < pos_hi[:, None]) & row_ok[None, :]
-            s_t = tl.where(vis, s_t, float("-inf"))
-        p_t = tl.exp2(s_t - lse2[None, :])
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
-        q_ptrs += q_step
-        do_ptrs += do_step
-        lse_ptrs += stat_step
-        delta_ptrs += stat_step
+    if MASKED:
+        row_ok = m0 + offs_m < hi
+        q = tl.load(Q + q_row * stride_qt + offs_q, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        do = tl.load(DO + q_row * stride_dot + offs_do, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        lse_s = tl.load(LSE_S + stat + offs_m, mask=row_ok, other=0.0)
+        delta = tl.load(DELTA + stat + offs_m, mask=row_ok, other=0.0)
+    else:
+        q = tl.load(Q + q_row * stride_qt + offs_q, mask=d_ok[None, :], other=0.0)
+        do = tl.load(DO + q_row * stride_dot + offs_do, mask=d_ok[None, :], other=0.0)
+        lse_s = tl.load(LSE_S + stat + offs_m)
+        delta = tl.load(DELTA + stat + offs_m)
+    s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+    if MASKED:
+        s_t = tl.where(((m0 + offs_m)[None, :] - pos_lo[:, None]).to(tl.uint32) < count[:, None], s_t, float("-inf"))
+    p_t = tl.exp2(s_t * scale_log2 - (lse_s * scale_log2)[None, :])
+    dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
+    dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
     return dk, dv
 
 
 @_autotune(_DKDV_CONFIGS)
-@triton.jit(do_not_specialize=_DYNAMIC + ["q_chunk"])
-def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
+@triton.jit(do_not_specialize=_DYNAMIC + ["total", "q_chunk"])
+def _dkdv_kernel(Q, K, V, DO, LSE_S, DELTA, DK, DV, CU_Q, CU_K,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                 stride_dks, stride_dkt, stride_dkh, stride_dvs, stride_dvt, stride_dvh,
-                 n_heads, batch, n_search, group, q_chunk, scale, scale_log2, key_stride, key_offset, window,
+                 stride_dks, stride_dkt, stride_dkh, stride_dvs, stride_dvt, stride_dvh, total,
+                 batch, n_search, group, q_chunk, scale, scale_log2, key_stride, key_offset, window,
                  D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program per (key tile, KV head, query chunk): sums over the group's query heads."""
-    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    """One program per (key tile, KV head, query chunk): sums over the group's query heads.
+
+    Natural order: the first key tiles of a causal or compressed mask see the most queries and
+    start first. The g heads x query tiles run as two flat loops (masked edge tiles of every head,
+    then unmasked interior tiles of every head): long loops keep the software pipeline full.
+    """
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    seq, k_start, n_k, n0 = _tile_of(pid, CU_K, batch, n_search, BLOCK_N)
+    seq, k_start, n_k, n0 = _tile_of(tl.program_id(0), CU_K, batch, n_search, BLOCK_N)
     if n0 >= n_k:
         return
     q_start = tl.load(CU_Q + seq)
@@ -448,31 +438,39 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
                 mask=kv_mask, other=0.0)
     v = tl.load(V + k_row0 * stride_vt + kv_head * stride_vh + offs_n[:, None] * stride_vt + dcol[None, :],
                 mask=kv_mask, other=0.0)
-    pos_lo = cols * key_stride + key_offset
-    pos_hi = tl.minimum(pos_lo + window, n_q)
 
-    # Queries that see some key of the tile, clipped to this program's chunk; the interior sees all.
+    # Query rows that see some key of the tile, clipped to this program's chunk; all rows of
+    # [p_last, p_first + window) see every key of the tile.
     p_first = n0 * key_stride + key_offset
     p_last = (tl.minimum(n0 + BLOCK_N, n_k) - 1) * key_stride + key_offset
     lo = tl.maximum(p_first, split * q_chunk)
     hi = tl.minimum(tl.minimum(n_q, p_last + window), (split + 1) * q_chunk)
-    first_end, mid_lo, mid_hi = _split_range(lo, hi, p_last, tl.minimum(n_q, p_first + window), BLOCK_M)
+    n_first, n_edge, mid_lo, mid_hi = _tile_ranges(lo, hi, p_last, tl.minimum(n_q, p_first + window), BLOCK_M)
+    n_mid = (mid_hi - mid_lo) // BLOCK_M
+    pos_lo = cols * key_stride + key_offset
+    count = tl.maximum(tl.minimum(pos_lo + window, hi) - pos_lo, 0).to(tl.uint32)
 
     dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
-    q_row0 = q_start.to(tl.int64)
-    for i in range(group):
-        head = kv_head * group + i
-        q_ptrs = Q + q_row0 * stride_qt + head * stride_qh + offs_m[:, None] * stride_qt + dcol[None, :]
-        do_ptrs = DO + q_row0 * stride_dot + head * stride_doh + offs_m[:, None] * stride_dot + dcol[None, :]
-        lse_ptrs = LSE + q_row0 * n_heads + head + offs_m * n_heads
-        delta_ptrs = DELTA + q_row0 * n_heads + head + offs_m * n_heads
-        dk, dv = _dkdv_inner(dk, dv, k, v, pos_lo, pos_hi, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
-                             stride_qt, stride_dot, n_heads, lo, first_end, hi, scale_log2, d_ok, BLOCK_M, True, PRECISION)
-        dk, dv = _dkdv_inner(dk, dv, k, v, pos_lo, pos_hi, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
-                             stride_qt, stride_dot, n_heads, mid_lo, mid_hi, hi, scale_log2, d_ok, BLOCK_M, False, PRECISION)
-        dk, dv = _dkdv_inner(dk, dv, k, v, pos_lo, pos_hi, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
-                             stride_qt, stride_dot, n_heads, mid_hi, hi, hi, scale_log2, d_ok, BLOCK_M, True, PRECISION)
+    offs_q = offs_m[:, None] * stride_qt + dcol[None, :]
+    offs_do = offs_m[:, None] * stride_dot + dcol[None, :]
+    head0 = kv_head * group
+    for it in range(0, group * n_edge):
+        i = it // tl.maximum(n_edge, 1)
+        m0 = _edge_start(it - i * n_edge, lo, n_first, mid_hi, BLOCK_M)
+        head = head0 + i
+        dk, dv = _dkdv_step(dk, dv, k, v, Q + head * stride_qh, DO + head * stride_doh, LSE_S, DELTA,
+                            (q_start + m0).to(tl.int64), head.to(tl.int64) * total + q_start + m0, m0, hi,
+                            stride_qt, stride_dot, offs_q, offs_do, pos_lo, count, scale_log2, d_ok,
+                            BLOCK_N, BLOCK_M, True, PRECISION)
+    for it in range(0, group * n_mid):
+        i = it // tl.maximum(n_mid, 1)
+        m0 = mid_lo + (it - i * n_mid) * BLOCK_M
+        head = head0 + i
+        dk, dv = _dkdv_step(dk, dv, k, v, Q + head * stride_qh, DO + head * stride_doh, LSE_S, DELTA,
+                            (q_start + m0).to(tl.int64), head.to(tl.int64) * total + q_start + m0, m0, hi,
+                            stride_qt, stride_dot, offs_q, offs_do, pos_lo, count, scale_log2, d_ok,
+                            BLOCK_N, BLOCK_M, False, PRECISION)
     s64 = split.to(tl.int64)
     dk_ptrs = DK + s64 * stride_dks + k_row0 * stride_dkt + kv_head * stride_dkh + offs_n[:, None] * stride_dkt + dcol[None, :]
     dv_ptrs = DV + s64 * stride_dvs + k_row0 * stride_dvt + kv_head * stride_dvh + offs_n[:, None] * stride_dvt + dcol[None, :]
@@ -501,14 +499,20 @@ def _search_steps(batch: int) -> int:
     return max(1, batch.bit_length())
 
 
-def _num_query_chunks(total_q: int, total_k: int, batch: int, h_kv: int, window: int, device: torch.device) -> int:
-    """Query chunks for dk/dv: ~4 waves of programs when few key tiles each see a long query range
-    (causal and compressed masks; a sliding window's range already fits one chunk). Shapes only."""
-    if device.type != "cuda" or window < total_q:
+def _num_query_chunks(total_q: int, total_k: int, batch: int, h_kv: int, group: int, window: int,
+                      device: torch.device) -> int:
+    """Query chunks for dk/dv (fp32 partials, summed in a fixed order), from shapes only.
+
+    Few key tiles that each see a long query range (compressed keys, causal masks of short
+    batches) leave SMs idle: cut the query axis so that there are ~4 programs per SM (key tiles
+    counted at the largest BLOCK_N, 128), while a chunk keeps >= 2048 (row, head) pairs of work.
+    """
+    if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    programs = (batch + total_k // 64) * h_kv
-    return max(1, min(16, -(-4 * sms // programs), -(-total_q // 1024)))
+    programs = (batch + total_k // 128) * h_kv
+    span = min(window, total_q)  # query rows one key tile can see
+    return max(1, min(16, -(-4 * sms // programs), span * group // 2048))
 
 
 def _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale):
@@ -523,8 +527,8 @@ def _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale):
     grid = lambda meta: (batch + total // meta["BLOCK_M"], h)  # noqa: E731
     _fwd_kernel[grid](
         q, k, v, o, lse, cu_q, cu_k,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
-        h, batch, _search_steps(batch), h // k.shape[1], scale * _LOG2E, key_stride, key_offset, window,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1), h,
+        batch, _search_steps(batch), h // k.shape[1], scale * _LOG2E, key_stride, key_offset, window,
         **_common_meta(q), **_meta(32, 16),
     )
     return o, lse
@@ -535,36 +539,38 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
     total, h, d = q.shape
     total_k, h_kv, _ = k.shape
     batch = cu_q.numel() - 1
+    group = h // h_kv
     meta = _common_meta(q)
     alloc = torch.zeros if key_padding or total == 0 else _empty  # padding rows get no program
-    delta = _empty((total, h), torch.float32, q.device)
     dq = _empty((total, h, d), q.dtype, q.device)
     dk = alloc((total_k, h_kv, d), dtype=k.dtype, device=q.device)
     dv = alloc((total_k, h_kv, d), dtype=v.dtype, device=q.device)
     if total == 0 or total_k == 0:
         return dq.zero_(), dk, dv
-    _delta_kernel[(triton.cdiv(total, 64), h)](
-        o, do, dlse if dlse is not None else delta, delta, total, o.stride(0), o.stride(1), do.stride(0), do.stride(1), h,
+    lse_s, delta = _empty((2, h, total), torch.float32, q.device)  # head-major row statistics
+    _stats_kernel[(triton.cdiv(total, 64), h)](
+        o, do, lse, dlse if dlse is not None else lse, lse_s, delta, total,
+        o.stride(0), o.stride(1), do.stride(0), do.stride(1), h, 1.0 / scale,
         HAS_DLSE=dlse is not None, D=d, D_PAD=meta["D_PAD"], BLOCK_T=64,
     )
-    common = (h, batch, _search_steps(batch))
+    common = (batch, _search_steps(batch), group)
     grid_q = lambda m: (batch + total // m["BLOCK_M"], h)  # noqa: E731
     _dq_kernel[grid_q](
-        q, k, v, do, lse, delta, dq, cu_q, cu_k,
+        q, k, v, do, lse_s, delta, dq, cu_q, cu_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-        dq.stride(0), dq.stride(1), *common, h // h_kv, scale, scale * _LOG2E, key_stride, key_offset, window,
+        dq.stride(0), dq.stride(1), total, *common, scale, scale * _LOG2E, key_stride, key_offset, window,
         **meta, **_meta(32, 16),
     )
-    chunks = _num_query_chunks(total, total_k, batch, h_kv, window, q.device)
+    chunks = _num_query_chunks(total, total_k, batch, h_kv, group, window, q.device)
     # fp32 partials per query chunk, summed in a fixed order below (deterministic).
     dk_out = dk[None] if chunks == 1 else alloc((chunks, total_k, h_kv, d), dtype=torch.float32, device=q.device)
     dv_out = dv[None] if chunks == 1 else alloc((chunks, total_k, h_kv, d), dtype=torch.float32, device=q.device)
     grid_k = lambda m: (batch + total_k // m["BLOCK_N"], h_kv, chunks)  # noqa: E731
     _dkdv_kernel[grid_k](
-        q, k, v, do, lse, delta, dk_out, dv_out, cu_q, cu_k,
+        q, k, v, do, lse_s, delta, dk_out, dv_out, cu_q, cu_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-        *dk_out.stride()[:3], *dv_out.stride()[:3],
-        *common, h // h_kv, triton.cdiv(total, chunks), scale, scale * _LOG2E, key_stride, key_offset, window,
+        *dk_out.stride()[:3], *dv_out.stride()[:3], total,
+        *common, triton.cdiv(total, chunks), scale, scale * _LOG2E, key_stride, key_offset, window,
         **meta, **_meta(16, 32),
     )
     if chunks > 1:

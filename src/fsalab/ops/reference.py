@@ -177,6 +177,50 @@ def block_overlap_weights(cu_seqlens_cmp: torch.Tensor, rows: int, num_blocks: i
     return w * (r < cu_seqlens_cmp[-1])[:, None]
 
 
+def _num_score_blocks(cu_seqlens: torch.Tensor, total: int, cfg: NSAConfig) -> int:
+    max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if total else 0
+    return max(cfg.num_blocks(max_len), cfg.topk)
+
+
+def _block_score_chunks(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, cfg, scale, num_blocks):
+    """Yield (lo, hi, scores [hi - lo, h_kv, num_blocks]) with NSA's ranking rules applied:
+    forced blocks +inf, blocks after the own block -inf, the rest the group-summed probabilities
+    mapped to blocks by the overlap weights."""
+    dt = _compute_dtype(q)
+    total, h, d = q.shape
+    rows, h_kv, _ = k_cmp.shape
+    g = h // h_kv
+    scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    weights = block_overlap_weights(cu_seqlens_cmp, rows, num_blocks, cfg).to(dt)
+    own_all = local_positions(cu_seqlens, total) // cfg.block_size
+    blocks = torch.arange(num_blocks, device=q.device)
+    qg = q.to(dt).view(total, h_kv, g, d)
+    k_t = k_cmp.to(dt).transpose(0, 1)
+    lse_g = lse_cmp.to(dt).view(total, h_kv, g)
+    for lo, hi in _chunks(total, rows * h + num_blocks * h_kv):
+        mask = _compressed_visibility(cu_seqlens, cu_seqlens_cmp, total, rows, lo, hi, cfg)[:, None, None, :]
+        logits = torch.einsum("chgd,hmd->chgm", qg[lo:hi], k_t) * scale
+        lse = lse_g[lo:hi].unsqueeze(-1)
+        p = torch.where(mask & torch.isfinite(lse), torch.exp(logits - lse), torch.zeros_like(logits))
+        score = p.sum(2) @ weights  # [c, h_kv, num_blocks]
+        own = own_all[lo:hi, None, None]
+        forced = (blocks < cfg.init_blocks) | ((blocks > own - cfg.local_blocks) & (blocks <= own))
+        score = torch.where(forced, torch.full_like(score, float("inf")), score)
+        yield lo, hi, torch.where(blocks > own, torch.full_like(score, float("-inf")), score)
+
+
+@torch.no_grad()
+def block_scores(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, cfg: NSAConfig, scale: float | None = None) -> torch.Tensor:
+    """The scores select_blocks ranks, [total, h_kv, num_blocks] (forced +inf, future -inf).
+
+    Dense over blocks: meant for tests and checks at moderate sizes.
+    """
+    total = q.shape[0]
+    nb = _num_score_blocks(cu_seqlens, total, cfg)
+    parts = [s for _, _, s in _block_score_chunks(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, cfg, scale, nb)]
+    return torch.cat(parts) if parts else q.new_zeros((0, k_cmp.shape[1], nb), dtype=_compute_dtype(q))
+
+
 @torch.no_grad()
 def select_blocks(
     q: torch.Tensor,
@@ -195,34 +239,14 @@ def select_blocks(
     own block are never selected. Ties go to the lower block index. Output rows are ascending,
     valid entries first, -1 padding when fewer than topk blocks are causal.
     """
-    dt = _compute_dtype(q)
-    total, h, d = q.shape
-    rows, h_kv, _ = k_cmp.shape
-    g = h // h_kv
-    scale = scale if scale is not None else 1.0 / math.sqrt(d)
-    max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if total else 0
-    num_blocks = max(cfg.num_blocks(max_len), cfg.topk)
-    weights = block_overlap_weights(cu_seqlens_cmp, rows, num_blocks, cfg).to(dt)
-    own_all = local_positions(cu_seqlens, total) // cfg.block_size
-    blocks = torch.arange(num_blocks, device=q.device)
-    qg = q.to(dt).view(total, h_kv, g, d)
-    k_t = k_cmp.to(dt).transpose(0, 1)
-    lse_g = lse_cmp.to(dt).view(total, h_kv, g)
+    total, h_kv = q.shape[0], k_cmp.shape[1]
+    nb = _num_score_blocks(cu_seqlens, total, cfg)
     out = []
-    for lo, hi in _chunks(total, rows * h + num_blocks * h_kv):
-        mask = _compressed_visibility(cu_seqlens, cu_seqlens_cmp, total, rows, lo, hi, cfg)[:, None, None, :]
-        logits = torch.einsum("chgd,hmd->chgm", qg[lo:hi], k_t) * scale
-        lse = lse_g[lo:hi].unsqueeze(-1)
-        p = torch.where(mask & torch.isfinite(lse), torch.exp(logits - lse), torch.zeros_like(logits))
-        score = p.sum(2) @ weights  # [c, h_kv, num_blocks]
-        own = own_all[lo:hi, None, None]
-        forced = (blocks < cfg.init_blocks) | ((blocks > own - cfg.local_blocks) & (blocks <= own))
-        score = torch.where(forced, torch.full_like(score, float("inf")), score)
-        score = torch.where(blocks > own, torch.full_like(score, float("-inf")), score)
+    for _, _, score in _block_score_chunks(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, cfg, scale, nb):
         order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., : cfg.topk]
-        chosen = torch.where(torch.gather(score, -1, order) > float("-inf"), order, torch.full_like(order, num_blocks))
+        chosen = torch.where(torch.gather(score, -1, order) > float("-inf"), order, torch.full_like(order, nb))
         chosen = torch.sort(chosen, dim=-1).values
-        out.append(torch.where(chosen == num_blocks, torch.full_like(chosen, -1), chosen).to(torch.int32))
+        out.append(torch.where(chosen == nb, torch.full_like(chosen, -1), chosen).to(torch.int32))
     return torch.cat(out) if out else q.new_zeros((0, h_kv, cfg.topk), dtype=torch.int32)
 
 

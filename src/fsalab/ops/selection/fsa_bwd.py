@@ -87,7 +87,7 @@ def _dkdv_kernel(
             dl = tl.load(delta + lp, mask=valid, other=0.0)
             live = valid[:, None] & (c < kl)[None, :] & ((kb + c)[None, :] <= tok[:, None])
             s = tl.dot(q_t, tl.trans(k_blk), input_precision=PREC) * qk_scale
-            p = tl.where(live, tl.exp2(s - lse2[:, None]), 0.0)
+            p = tl.exp2(tl.where(live, s, float("-inf")) - lse2[:, None])
             dv_acc += tl.dot(tl.trans(p.to(do_t.dtype)), do_t, input_precision=PREC)
             dp = tl.dot(do_t, tl.trans(v_blk), input_precision=PREC)
             ds = p * (dp - dl[:, None])

@@ -201,7 +201,7 @@ def fwd_tiles(G: int, D: int, block_size: int, paper: bool, dq: bool = False, in
     num_mt = (8 if inner_loop else 1) if paper else 4
     block_n = block_size if block_size * D <= 16384 else max(16, 16384 // D)
     if interpreting():  # the interpreter pays per program: fewer, larger tiles; same loop structure
-        block_m, num_mt, warps, stages = max(32, pow2(G)), (num_mt if paper else 2), 4, 1
+        block_m, num_mt, warps, stages = max(64, pow2(G)), min(num_mt, 2), 4, 1
     elif dq:
         block_m, warps, stages = (64, 8, 1) if D <= 128 else (32, 8, 1)
     elif paper:
@@ -216,7 +216,7 @@ def bwd_tiles(G: int, D: int, block_size: int) -> Tiles:
     """dK/dV tiles: fp32 dK and dV accumulators of BLOCK_N x D each live in registers."""
     block_n = min(block_size, 64)
     if interpreting():
-        block_m, warps, stages = max(32, pow2(G)), 4, 1
+        block_m, warps, stages = max(64, pow2(G)), 4, 1
     else:
         block_m, warps, stages = max(32, pow2(G)), 8, (2 if D <= 128 else 1)
     return Tiles(block_m, block_m // G, block_n, 0, warps, stages)

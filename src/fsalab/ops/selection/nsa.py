@@ -4,14 +4,19 @@ Forward: one program per (token, KV head). The g query heads of the token are th
 dimension, padded to BLOCK_H = max(16, next_pow2(g)) and masked; the program walks the
 token's selected blocks in order (stopping at the first -1) with an exp2 online softmax, causal
 only inside the last (own) block. Head dims are padded to BLOCK_D = next_pow2(d) and masked.
+One token per program: two tokens select different blocks, so their rows cannot share a K/V tile.
 
 Backward:
 - dq (and delta = rowsum(o * do) - dlse): one program per (token, KV head), same loop as forward.
 - dk/dv: KV-block-outer over the CSR lists of ``index.build_selection_index``; one program per
-  (KV head, block, BLOCK_N keys) walks the (token, head) rows that selected the block, so no
-  atomics are needed. Lists longer than ``_segment_entries`` (the attention sink is selected by
-  every token) are split: extra segments write fp32 partials to a buffer that the row's first
-  segment adds in a fixed order, keeping the result deterministic and the load balanced.
+  (KV head, block, BLOCK_N keys, segment) walks the (token, head) rows that selected the block, so
+  no atomics are needed. Lists longer than ``_segment_entries`` (the attention sink is selected by
+  every token) are split into segments run by the same launch; such rows write fp32 partials that
+  a small merge kernel adds in segment order, keeping the result deterministic and the load balanced.
+
+Every loop loads the indices of its next step one iteration ahead (``PREFETCH``): the gathers of
+step i+1 then depend on a loop-carried value, not on a load of the same iteration, so Triton's
+pipeliner issues them (cp.async) while step i computes. Costs and measurements: docs/perf-log-nsa.md.
 
 Shapes: q [total, h, d], k/v [total, h_kv, d], block_idx int32 [total, h_kv, topk] (local block
 ids, ascending, -1 padding), cu_seqlens int32 [batch + 1]. Outputs: o [total, h, d] in q.dtype,
@@ -108,12 +113,15 @@ def _cfg(block_n, warps, stages, block_m=None):
 # (fwd, dq): [BLOCK_H, d] x [d, BLOCK_N] tiles whose K/V loads come mostly from L2, so the
 # configs trade pipeline depth (shared memory) against resident programs.
 _FWD_CONFIGS = [_cfg(64, 4, 2), _cfg(64, 4, 3), _cfg(64, 2, 3), _cfg(32, 4, 3)]
-_DQ_CONFIGS = [_cfg(64, 4, 2), _cfg(64, 4, 3), _cfg(64, 8, 2)]
-# KV-outer dk/dv kernels: [BLOCK_N, d] fp32 accumulators (dk, dv) and K/V tiles live in registers,
-# so 8 warps (4 spill at d = 128 on sm_90); BLOCK_N = 32 is the spill-free choice at d = 256.
-_KV_CONFIGS = [_cfg(64, 8, 2, 64), _cfg(64, 8, 3, 64), _cfg(64, 8, 2, 32), _cfg(32, 8, 2, 64)]
-# The extra-segment kernel runs few programs (long lists only): the d <= 128 and d = 256 picks.
-_KV_EXTRA_CONFIGS = [_cfg(64, 8, 2, 64), _cfg(32, 8, 2, 64)]
+_DQ_CONFIGS = [_cfg(64, 4, 2), _cfg(64, 4, 3), _cfg(64, 8, 2), _cfg(32, 4, 3), _cfg(32, 4, 4)]
+# KV-outer dk/dv kernel: [BLOCK_N, d] fp32 accumulators (dk, dv) stay in registers (8 warps: 4
+# spill at BLOCK_N = 64, d = 128), so one CTA per SM; the q/do row gathers come from HBM, so the
+# configs trade bytes in flight (BLOCK_M rows x stages) against shared memory. The last two are the
+# small-footprint picks (d = 256, fp32).
+_KV_CONFIGS = [
+    _cfg(64, 8, 2, 64), _cfg(64, 8, 3, 64), _cfg(64, 8, 2, 128), _cfg(64, 8, 4, 32), _cfg(32, 4, 3, 64),
+    _cfg(32, 4, 3, 32),
+]  # fmt: skip
 
 
 @triton.jit
@@ -137,7 +145,7 @@ def _fwd_kernel(
     Q, K, V, O, LSE, BLOCK_IDX, TOK_START, qk_scale,
     H_KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """o and lse of the g query heads of token t (program axis 0) that share KV head hk (axis 1).
 
@@ -160,8 +168,13 @@ def _fwd_kernel(
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    blk_next = tl.load(idx_base)
     for j in range(steps):
-        blk = tl.load(idx_base + j // (BLOCK_SIZE // BLOCK_N))
+        if PREFETCH:  # the block id of step j + 1, loaded while step j computes
+            blk = blk_next
+            blk_next = tl.load(idx_base + (j + 1) // (BLOCK_SIZE // BLOCK_N), mask=j + 1 < steps, other=0)
+        else:
+            blk = tl.load(idx_base + j // (BLOCK_SIZE // BLOCK_N))
         key = start + blk * BLOCK_SIZE + (j % (BLOCK_SIZE // BLOCK_N)) * BLOCK_N + offs_n
         k_mask = key <= t  # causal; only ever false inside the own (last) block
         kv_ptr = (key.to(tl.int64) * H_KV + hk) * D
@@ -192,9 +205,9 @@ def _bwd_dq_kernel(
     Q, K, V, O, DO, LSE, DLSE, DELTA, DQ, BLOCK_IDX, TOK_START, sm_scale, qk_scale,
     H_KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-    HAS_DLSE: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_DLSE: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """dq, and DELTA = rowsum(o * do) - dlse for the dk/dv kernels (d lse / d s = p)."""
+    """dq, and DELTA = rowsum(o * do) - dlse for the dk/dv kernel (d lse / d s = p)."""
     t = tl.program_id(0)
     hk = tl.program_id(1)
     start = tl.load(TOK_START + t)
@@ -219,8 +232,13 @@ def _bwd_dq_kernel(
     idx_base = BLOCK_IDX + (t.to(tl.int64) * H_KV + hk) * TOPK
     steps = _num_steps(idx_base, t - start, TOPK, TOPK_PAD, BLOCK_SIZE, BLOCK_N)
     dq = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    blk_next = tl.load(idx_base)
     for j in range(steps):
-        blk = tl.load(idx_base + j // (BLOCK_SIZE // BLOCK_N))
+        if PREFETCH:
+            blk = blk_next
+            blk_next = tl.load(idx_base + (j + 1) // (BLOCK_SIZE // BLOCK_N), mask=j + 1 < steps, other=0)
+        else:
+            blk = tl.load(idx_base + j // (BLOCK_SIZE // BLOCK_N))
         key = start + blk * BLOCK_SIZE + (j % (BLOCK_SIZE // BLOCK_N)) * BLOCK_N + offs_n
         k_mask = key <= t
         kv_ptr = (key.to(tl.int64) * H_KV + hk) * D
@@ -239,7 +257,7 @@ def _bwd_dq_kernel(
 def _dkdv_segment(
     Q, DO, LSE, DELTA, TOKEN_IDS, k, v, key, lo, hi, hk, qk_scale,
     H_KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Unscaled dk, dv [BLOCK_N, BLOCK_D] (fp32) of keys ``key`` from CSR entries [lo, hi).
 
@@ -252,10 +270,18 @@ def _dkdv_segment(
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     n_rows = (hi - lo) * G
+    tok_next = tl.load(TOKEN_IDS + lo + offs_m // G, mask=offs_m < n_rows, other=0)
     for r0 in range(0, n_rows, BLOCK_M):
         r = r0 + offs_m
         r_mask = r < n_rows
-        tok = tl.load(TOKEN_IDS + lo + r // G, mask=r_mask, other=0)
+        if PREFETCH:
+            # The token ids feed both the gathers' addresses and the causal mask, so Triton's pipeliner
+            # does not pipeline their load: loaded one chunk ahead, the q/do/lse/delta gathers of
+            # chunk i + 1 depend on a loop-carried value and are issued while chunk i computes.
+            tok = tok_next
+            tok_next = tl.load(TOKEN_IDS + lo + (r + BLOCK_M) // G, mask=r + BLOCK_M < n_rows, other=0)
+        else:
+            tok = tl.load(TOKEN_IDS + lo + r // G, mask=r_mask, other=0)
         rows = tok.to(tl.int64) * (H_KV * G) + hk * G + r % G
         mask = r_mask[:, None] & d_mask[None, :]
         q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=mask, other=0.0)
@@ -272,80 +298,97 @@ def _dkdv_segment(
     return dk, dv
 
 
-@_autotune(_KV_EXTRA_CONFIGS)
-@triton.jit
-def _bwd_dkdv_extra_kernel(
-    Q, K, V, DO, LSE, DELTA, TOKEN_IDS, ROW_PTR, EXTRA_PTR, EXTRA_ROW, BLOCK_START, BLOCK_LEN, BUF_DK, BUF_DV,
-    qk_scale, capacity, num_rows,
-    H_KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, SEG: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """Segments 1, 2, ... of long CSR rows: fp32 partial dk/dv into BUF [extra, BLOCK_SIZE, D]."""
-    e = tl.program_id(0) // (BLOCK_SIZE // BLOCK_N)
-    sub = tl.program_id(0) % (BLOCK_SIZE // BLOCK_N)
-    row = tl.load(EXTRA_ROW + e)
-    if row < num_rows:  # the grid is an upper bound on the extra segments
-        hk = row // capacity
-        blk = row % capacity
-        lo = tl.load(ROW_PTR + row) + (e - tl.load(EXTRA_PTR + row) + 1) * SEG
-        hi = tl.minimum(tl.load(ROW_PTR + row + 1), lo + SEG)
-        offs_n = sub * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        key = tl.load(BLOCK_START + blk) + offs_n
-        kv_ptr = (key.to(tl.int64) * H_KV + hk) * D
-        kv_mask = (offs_n < tl.load(BLOCK_LEN + blk))[:, None] & (offs_d < D)[None, :]
-        k = tl.load(K + kv_ptr[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + kv_ptr[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        dk, dv = _dkdv_segment(Q, DO, LSE, DELTA, TOKEN_IDS, k, v, key, lo, hi, hk, qk_scale,
-                               H_KV, G, D, BLOCK_D, PRECISION, BLOCK_M, BLOCK_N)  # fmt: skip
-        buf = (e.to(tl.int64) * BLOCK_SIZE + offs_n[:, None]) * D + offs_d[None, :]
-        tl.store(BUF_DK + buf, dk, mask=kv_mask)
-        tl.store(BUF_DV + buf, dv, mask=kv_mask)
-
-
 @_autotune(_KV_CONFIGS)
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, TOKEN_IDS, ROW_PTR, EXTRA_PTR, BLOCK_START, BLOCK_LEN, BUF_DK, BUF_DV,
-    sm_scale, qk_scale, capacity,
+    Q, K, V, DO, LSE, DELTA, DK, DV, TOKEN_IDS, ROW_PTR, EXTRA_PTR, EXTRA_ROW, BLOCK_START, BLOCK_LEN,
+    BUF_DK, BUF_DV, sm_scale, qk_scale, capacity, num_rows, max_extra,
     H_KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, SEG: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """dk/dv of BLOCK_N keys of one (KV head, block): the row's first segment, plus its extra partials."""
-    # The key tiles of one block run back to back, so the gathered q/do rows are reused from L2.
-    row = tl.program_id(0) // (BLOCK_SIZE // BLOCK_N)
+    """dk/dv of BLOCK_N keys of one (KV head, block) from one segment of its CSR row.
+
+    Programs [0, max_extra) run the extra segments 1, 2, ... of long rows (the longest work first),
+    the rest the first segment of every row. A row without extra segments stores dk/dv; a row with
+    them stores fp32 partials in BUF [2 * max_extra, BLOCK_SIZE, D]: segment s >= 1 in slot
+    extra_ptr[row] + s - 1, the first segment in slot max_extra + extra_ptr[row].
+    """
+    # The key tiles of one segment run back to back, so the gathered q/do rows are reused from L2.
+    seg_id = tl.program_id(0) // (BLOCK_SIZE // BLOCK_N)
     sub = tl.program_id(0) % (BLOCK_SIZE // BLOCK_N)
+    is_extra = seg_id < max_extra
+    row = tl.where(is_extra, tl.load(EXTRA_ROW + seg_id, mask=is_extra, other=0), seg_id - max_extra)
+    valid = row < num_rows  # the extra slots are an upper bound on the extra segments
+    row = tl.minimum(row, num_rows - 1)
     hk = row // capacity
     blk = row % capacity
-    offs_n = sub * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     length = tl.load(BLOCK_LEN + blk)  # 0 for block ids past the batch's last block
-    if sub * BLOCK_N < length:
+    if valid & (sub * BLOCK_N < length):
+        offs_n = sub * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
         key = tl.load(BLOCK_START + blk) + offs_n
         kv_ptr = (key.to(tl.int64) * H_KV + hk) * D
         kv_mask = (offs_n < length)[:, None] & (offs_d < D)[None, :]
         k = tl.load(K + kv_ptr[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(V + kv_ptr[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        lo = tl.load(ROW_PTR + row)
+        x0 = tl.load(EXTRA_PTR + row)
+        first = tl.load(ROW_PTR + row)
+        lo = first + tl.where(is_extra, seg_id - x0 + 1, 0) * SEG
         hi = tl.minimum(tl.load(ROW_PTR + row + 1), lo + SEG)
         dk, dv = _dkdv_segment(Q, DO, LSE, DELTA, TOKEN_IDS, k, v, key, lo, hi, hk, qk_scale,
-                               H_KV, G, D, BLOCK_D, PRECISION, BLOCK_M, BLOCK_N)  # fmt: skip
-        # Partials of the other segments, added in segment order: deterministic, no atomics.
+                               H_KV, G, D, BLOCK_D, PRECISION, PREFETCH, BLOCK_M, BLOCK_N)  # fmt: skip
+        if tl.load(EXTRA_PTR + row + 1) > x0:
+            slot = tl.where(is_extra, seg_id, max_extra + x0)
+            buf = (slot.to(tl.int64) * BLOCK_SIZE + offs_n[:, None]) * D + offs_d[None, :]
+            tl.store(BUF_DK + buf, dk, mask=kv_mask)
+            tl.store(BUF_DV + buf, dv, mask=kv_mask)
+        else:
+            out = kv_ptr[:, None] + offs_d[None, :]
+            tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+            tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _bwd_dkdv_merge_kernel(
+    DK, DV, EXTRA_PTR, EXTRA_ROW, BLOCK_START, BLOCK_LEN, BUF_DK, BUF_DV, sm_scale, capacity, num_rows, max_extra,
+    H_KV: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_N: tl.constexpr,
+):  # fmt: skip
+    """dk/dv of the rows with extra segments: first-segment partial + extras, in segment order.
+
+    Program (e, keys): e is an extra slot; the row's first slot (e == extra_ptr[row]) does the work.
+    """
+    e = tl.program_id(0)
+    row = tl.load(EXTRA_ROW + e)
+    if row < num_rows:
         x0 = tl.load(EXTRA_PTR + row)
-        buf = (x0.to(tl.int64) * BLOCK_SIZE + offs_n[:, None]) * D + offs_d[None, :]
-        for _ in range(x0, tl.load(EXTRA_PTR + row + 1)):
-            dk += tl.load(BUF_DK + buf, mask=kv_mask, other=0.0)
-            dv += tl.load(BUF_DV + buf, mask=kv_mask, other=0.0)
-            buf += BLOCK_SIZE * D
-        tl.store(DK + kv_ptr[:, None] + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
-        tl.store(DV + kv_ptr[:, None] + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+        if e == x0:
+            hk = row // capacity
+            blk = row % capacity
+            offs_n = tl.program_id(1) * MERGE_N + tl.arange(0, MERGE_N)
+            offs_d = tl.arange(0, BLOCK_D)
+            mask = (offs_n < tl.load(BLOCK_LEN + blk))[:, None] & (offs_d < D)[None, :]
+            tile = offs_n[:, None] * D + offs_d[None, :]
+            buf = (max_extra + x0).to(tl.int64) * BLOCK_SIZE * D + tile
+            dk = tl.load(BUF_DK + buf, mask=mask, other=0.0)
+            dv = tl.load(BUF_DV + buf, mask=mask, other=0.0)
+            buf = x0.to(tl.int64) * BLOCK_SIZE * D + tile
+            for _ in range(x0, tl.load(EXTRA_PTR + row + 1)):
+                dk += tl.load(BUF_DK + buf, mask=mask, other=0.0)
+                dv += tl.load(BUF_DV + buf, mask=mask, other=0.0)
+                buf += BLOCK_SIZE * D
+            key = tl.load(BLOCK_START + blk) + offs_n
+            out = ((key.to(tl.int64) * H_KV + hk) * D)[:, None] + offs_d[None, :]
+            tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
+            tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=mask)
 
 
 def _segment_entries(g: int) -> int:
-    """CSR entries per dk/dv program: ~16K (token, head) rows of work, at least 1024 entries.
+    """CSR entries per dk/dv segment: ~16K (token, head) rows of work, at least 1024 entries.
 
-    The floor bounds the partial buffer at total * h_kv * topk / 1024 fp32 [block_size, d] tiles
-    (dk and dv); rows below the segment size (the common case, ~block_size * topk entries) need none.
+    The floor bounds the partial buffers at 2 * total * h_kv * topk / 1024 fp32 [block_size, d]
+    tiles (dk and dv each); rows below the segment size (the common case, ~block_size * topk
+    entries) need none.
     """
     return max(1024, 16384 // g)
 
@@ -372,7 +415,8 @@ def _token_starts(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return cu_seqlens[sequence_ids(cu_seqlens, total)].contiguous()
 
 
-def _forward(q, k, v, block_idx, cu_seqlens, block_size, scale):
+def _forward(q, k, v, block_idx, cu_seqlens, block_size, scale, prefetch=True):
+    """(o, lse, tok_start). ``prefetch=False`` is the ablation of the block-id prefetch."""
     total, h, _ = q.shape
     o = torch.empty_like(q)
     lse = torch.empty(total, h, dtype=torch.float32, device=q.device)
@@ -381,53 +425,76 @@ def _forward(q, k, v, block_idx, cu_seqlens, block_size, scale):
         return o, lse, tok_start
     meta = _kernel_meta(q, k, block_size)
     _fwd_kernel[(total, meta["H_KV"])](
-        q, k, v, o, lse, block_idx, tok_start, scale * _LOG2E, **meta, **_query_meta(block_idx, meta["G"]),
-        **_launch_defaults(meta, block_size, q.element_size(), kv_outer=False),
+        q, k, v, o, lse, block_idx, tok_start, scale * _LOG2E, PREFETCH=prefetch, **meta,
+        **_query_meta(block_idx, meta["G"]), **_launch_defaults(meta, block_size, q.element_size(), kv_outer=False),
     )  # fmt: skip
     return o, lse, tok_start
 
 
-def _backward(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, tok_start, block_size, scale, index):
-    total, h, d = q.shape
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if total == 0:
-        return dq, dk, dv
+def _bwd_dq(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale, prefetch=True):
+    """(dq [total, h, d], delta [total, h] fp32) from the query-outer kernel; total > 0."""
     meta = _kernel_meta(q, k, block_size)
-    h_kv, g = meta["H_KV"], meta["G"]
-    delta = torch.empty(total, h, dtype=torch.float32, device=q.device)
-    _bwd_dq_kernel[(total, h_kv)](
+    dq = torch.empty_like(q)
+    delta = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    _bwd_dq_kernel[(q.shape[0], meta["H_KV"])](
         q, k, v, o, do, lse, dlse if dlse is not None else lse, delta, dq, block_idx, tok_start,
-        scale, scale * _LOG2E, HAS_DLSE=dlse is not None, **meta, **_query_meta(block_idx, g),
-        **_launch_defaults(meta, block_size, q.element_size(), kv_outer=False),
+        scale, scale * _LOG2E, HAS_DLSE=dlse is not None, PREFETCH=prefetch, **meta,
+        **_query_meta(block_idx, meta["G"]), **_launch_defaults(meta, block_size, q.element_size(), kv_outer=False),
     )  # fmt: skip
+    return dq, delta
 
-    capacity = index.block_capacity
-    num_rows = h_kv * capacity
+
+def _dkdv_plan(index: SelectionIndex, cu_seqlens: torch.Tensor, block_size: int, g: int) -> dict:
+    """Segments of the CSR rows for the dk/dv kernel, on device from shapes (no host sync).
+
+    block_start/block_len int32 [capacity]: each global block's first key and key count;
+    extra_ptr int32 [rows + 1]: exclusive prefix sum of each row's extra segments (beyond the
+    first); extra_row int32 [max_extra]: the row of each extra slot (rows for unused slots);
+    max_extra: host int, an upper bound on the extra segments (entries // seg).
+    """
+    device = index.row_ptr.device
+    num_rows = index.row_ptr.numel() - 1
     seg = _segment_entries(g)
     block_start, block_len, _ = block_spans(index, cu_seqlens, block_size)
-    # Extra segments per row (beyond the first) and their exclusive prefix sum.
     counts = index.row_ptr[1:] - index.row_ptr[:-1]
-    extra = ((counts - 1).clamp(min=0) // seg).to(torch.int32)
-    extra_ptr = torch.zeros(num_rows + 1, dtype=torch.int32, device=q.device)
-    extra_ptr[1:] = torch.cumsum(extra, 0)
+    extra_ptr = torch.zeros(num_rows + 1, dtype=torch.int32, device=device)
+    extra_ptr[1:] = torch.cumsum((counts - 1).clamp(min=0) // seg, 0)
     max_extra = index.token_ids.numel() // seg  # sum_r floor((c_r - 1) / seg) <= entries / seg
-    buf_dk = buf_dv = dk  # placeholders, never read when no row has extra segments
-    if max_extra > 0:
-        extra_row = torch.searchsorted(
-            extra_ptr[1:].contiguous(), torch.arange(max_extra, device=q.device, dtype=torch.int32), right=True
-        ).to(torch.int32)
-        buf_dk = torch.empty(max_extra, block_size, d, dtype=torch.float32, device=q.device)
-        buf_dv = torch.empty_like(buf_dk)
-        _bwd_dkdv_extra_kernel[lambda launch: (max_extra * (block_size // launch["BLOCK_N"]),)](
-            q, k, v, do, lse, delta, index.token_ids, index.row_ptr, extra_ptr, extra_row, block_start,
-            block_len, buf_dk, buf_dv, scale * _LOG2E, capacity, num_rows, SEG=seg,
-            **meta, **_launch_defaults(meta, block_size, q.element_size(), kv_outer=True),
-        )  # fmt: skip
-    _bwd_dkdv_kernel[lambda launch: (num_rows * (block_size // launch["BLOCK_N"]),)](
-        q, k, v, do, lse, delta, dk, dv, index.token_ids, index.row_ptr, extra_ptr, block_start, block_len,
-        buf_dk, buf_dv, scale, scale * _LOG2E, capacity, SEG=seg,
+    slots = torch.arange(max(max_extra, 1), device=device, dtype=torch.int32)  # never empty: no null pointers
+    extra_row = torch.searchsorted(extra_ptr[1:].contiguous(), slots, right=True).to(torch.int32)
+    return dict(block_start=block_start, block_len=block_len, extra_ptr=extra_ptr, extra_row=extra_row,
+                max_extra=max_extra, seg=seg, num_rows=num_rows, capacity=index.block_capacity)  # fmt: skip
+
+
+def _bwd_dkdv(q, k, v, do, lse, delta, token_ids, row_ptr, plan, block_size, scale, prefetch=True):
+    """(dk, dv) [total, h_kv, d] from the KV-outer kernel over the segments of ``plan``; total > 0."""
+    meta = _kernel_meta(q, k, block_size)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    max_extra, num_rows, capacity = plan["max_extra"], plan["num_rows"], plan["capacity"]
+    common = (plan["extra_ptr"], plan["extra_row"], plan["block_start"], plan["block_len"])
+    # fp32 partials; one unused tile when max_extra = 0 (same kernel signature, no null pointer).
+    buf_dk = torch.empty(max(2 * max_extra, 1), block_size, k.shape[2], dtype=torch.float32, device=q.device)
+    buf_dv = torch.empty_like(buf_dk)
+    _bwd_dkdv_kernel[lambda launch: ((max_extra + num_rows) * (block_size // launch["BLOCK_N"]),)](
+        q, k, v, do, lse, delta, dk, dv, token_ids, row_ptr, *common, buf_dk, buf_dv,
+        scale, scale * _LOG2E, capacity, num_rows, max_extra, SEG=plan["seg"], PREFETCH=prefetch,
         **meta, **_launch_defaults(meta, block_size, q.element_size(), kv_outer=True),
     )  # fmt: skip
+    if max_extra > 0:
+        merge_n = 16  # block_size >= 16
+        _bwd_dkdv_merge_kernel[(max_extra, block_size // merge_n)](
+            dk, dv, *common, buf_dk, buf_dv, scale, capacity, num_rows, max_extra, H_KV=meta["H_KV"], D=meta["D"],
+            BLOCK_SIZE=block_size, BLOCK_D=meta["BLOCK_D"], MERGE_N=merge_n, num_warps=4,
+        )  # fmt: skip
+    return dk, dv
+
+
+def _backward(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, tok_start, block_size, scale, index):
+    if q.shape[0] == 0:
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, delta = _bwd_dq(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale)
+    plan = _dkdv_plan(index, cu_seqlens, block_size, q.shape[1] // k.shape[1])
+    dk, dv = _bwd_dkdv(q, k, v, do, lse, delta, index.token_ids, index.row_ptr, plan, block_size, scale)
     return dq, dk, dv
 
 

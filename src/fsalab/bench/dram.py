@@ -1,0 +1,133 @@
+"""Measured DRAM traffic of one selected-attention call, beside the theory model (Nsight Compute).
+
+``run_point`` re-launches this module under ``ncu --clock-control none`` with the point as
+``--target``: the target process builds the inputs, runs the op once untimed (compile, autotune),
+then once inside the NVTX range ``fsalab_measure``, the only range ncu profiles. The CSV ncu
+prints is summed per kernel: ``dram__bytes_read.sum``, ``dram__bytes_write.sum`` and
+``gpu__time_duration.sum``. The row carries the DESIGN columns (``median_ms`` = summed kernel
+time under the profiler, one sample, timing method ``ncu``), ``dram_bytes`` (read + write), the
+per-kernel list, and the theory model's bytes for the same kernel(s) (``model_bytes``).
+
+Without a CUDA device or without ``ncu`` on PATH (or in $CUDA_HOME/bin) the row is
+``unsupported``. Points use op ``selected``, direction ``fwd`` (the model covers the forward).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .. import theory
+from .kernel import _base_row, _classify
+from .provenance import detect_platform, provenance
+
+METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
+RANGE = "fsalab_measure"
+_UNITS = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
+          "nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+
+
+def find_ncu() -> str | None:
+    """Path of Nsight Compute's CLI, or None."""
+    found = shutil.which("ncu")
+    if found:
+        return found
+    cuda = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "ncu"
+    return str(cuda) if cuda.is_file() else None
+
+
+def parse_ncu_csv(text: str) -> list[dict]:
+    """Per-kernel metrics from ``ncu --csv`` output: [{"kernel", "read_bytes", "write_bytes",
+    "time_ms"}] in launch order. Lines before the CSV header (program output, ==PROF== notes)
+    are skipped; units (byte/Kbyte/..., nsecond/usecond/...) are converted."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        return []
+    kernels: dict[str, dict] = {}
+    for rec in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        if rec.get("Metric Name") not in METRICS:
+            continue
+        k = kernels.setdefault(rec["ID"], {"kernel": rec.get("Kernel Name", ""), "read_bytes": 0.0,
+                                           "write_bytes": 0.0, "time_ms": 0.0})
+        value = float(rec["Metric Value"].replace(",", "")) * _UNITS.get(rec.get("Metric Unit", "").strip().lower(), 1.0)
+        field = {"dram__bytes_read.sum": "read_bytes", "dram__bytes_write.sum": "write_bytes",
+                 "gpu__time_duration.sum": "time_ms"}[rec["Metric Name"]]
+        k[field] += value
+    return list(kernels.values())
+
+
+def model_bytes(p: dict) -> dict[str, float]:
+    """The theory models' memory traffic for the impl of point ``p`` (bytes)."""
+    s = theory.Shape(N=p["N"] * p["batch"], h_kv=p["h_kv"], g=p["g"], d=p["d"], block_size=p["block_size"],
+                     topk=p["topk"], bytes_per_elem=2 if p["dtype"] != "float32" else 4)
+    if p["impl"] == "nsa":
+        return {m: theory.nsa_selected(s, m).memory_bytes for m in theory.MODELS}
+    if p["impl"] == "fsa":
+        return {"fsalab": theory.fsalab_fsa_total(s).memory_bytes}
+    return {m: theory.fsa_paper_total(s, m).memory_bytes for m in ("paper", "causal")}
+
+
+def _target(p: dict) -> None:
+    """Inside ncu: one untimed call, then one call in the profiled NVTX range."""
+    from . import ops
+    from .inputs import make_inputs
+
+    device = torch.device("cuda")
+    bound = ops.bind(p["op"], p["impl"], p.get("options"))
+    inputs = make_inputs(p, device, need_indices=bound.need_indices)
+    os.environ["FSALAB_VALUE_CHECKS"] = "0"
+    with torch.no_grad():
+        bound.fn(inputs)
+        torch.cuda.synchronize()
+        with torch.cuda.nvtx.range(RANGE):
+            bound.fn(inputs)
+        torch.cuda.synchronize()
+
+
+def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
+    """Profile one point under ncu; always returns a row."""
+    platform = platform or detect_platform()
+    row = _base_row(p, platform)
+    started = time.time()
+    try:
+        ncu = find_ncu()
+        if device.type != "cuda" or ncu is None:
+            raise NotImplementedError("DRAM traffic needs a CUDA device and Nsight Compute (ncu)")
+        cmd = [ncu, "--clock-control", "none", "--metrics", ",".join(METRICS), "--csv", "--nvtx",
+               "--nvtx-include", f"{RANGE}/", "--target-processes", "all",
+               sys.executable, "-m", "fsalab.bench.dram", "--target", json.dumps(p)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        kernels = parse_ncu_csv(out.stdout)
+        if out.returncode != 0 or not kernels:
+            raise RuntimeError(f"ncu exit {out.returncode}; no kernel metrics. stderr: {out.stderr[-2000:]}")
+        read = sum(k["read_bytes"] for k in kernels)
+        write = sum(k["write_bytes"] for k in kernels)
+        total_ms = sum(k["time_ms"] for k in kernels)
+        row.update(median_ms=total_ms, p20_ms=total_ms, p80_ms=total_ms, mean_ms=total_ms, min_ms=total_ms,
+                   n_samples=1, samples_ms=[total_ms], dram_read_bytes=read, dram_write_bytes=write,
+                   dram_bytes=read + write, kernels=kernels, model_bytes=model_bytes(p),
+                   timing={"method": "ncu", "clock_control": "none", "metrics": list(METRICS)},
+                   check={"status": "skipped"}, status="ok")
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a row
+        row["status"] = _classify(exc)
+        row["message"] = f"{type(exc).__name__}: {exc}"[:4000]
+    row["elapsed_s"] = round(time.time() - started, 3)
+    row["provenance"] = provenance()
+    return row
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="internal: the process ncu profiles")
+    ap.add_argument("--target", required=True, help="the point as JSON")
+    _target(json.loads(ap.parse_args().target))

@@ -38,9 +38,12 @@ $(VENV)/.fsalab-installed: $(VENV)/bin/python pyproject.toml
 test: $(STAMP)
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
+# CPU: the smoke grids through the Triton interpreter, then every figure and REPRODUCTION.md from
+# the committed results/h200/; CUDA: the paper-scale grids (workflow/profiles/default, mode=auto).
 repro: $(STAMP)
 	$(PYTHON) -m fsalab.cli env
 	$(PYTHON) -m fsalab.smoke
+	$(PYTHON) -m snakemake
 
 clean:
 	rm -rf $(VENV) .fsalab-installed-active .pytest_cache

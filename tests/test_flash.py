@@ -128,11 +128,20 @@ def test_large_logits(mask, dtype, seed, device):
     _run(mask, [70, 9], 2, 2, 32, dtype, seed, device, q_scale=16.0)
 
 
-@pytest.mark.parametrize("mask", ["window", "compressed"])
-def test_query_chunks(mask, seed, device, monkeypatch):
-    """dk/dv split over query chunks (fp32 partials summed in order), as on GPUs with few key tiles."""
+@pytest.mark.parametrize("mask,g", [("window", 2), ("compressed", 5)])
+def test_query_chunks(mask, g, seed, device, monkeypatch):
+    """dk/dv split over query chunks (fp32 partials summed in order), as on GPUs with few key tiles.
+
+    3 chunks of 42 rows: chunk edges fall inside query tiles, rows past them belong to the next chunk."""
     monkeypatch.setattr(flash, "_num_query_chunks", lambda *args: 3)
-    _run(mask, [80, 3, 41], 2, 1, 32, torch.float32, seed, device, window=40)
+    _run(mask, [80, 3, 41], g, 1, 32, torch.float32, seed, device, window=40)
+
+
+@pytest.mark.parametrize("window", [5, 16, 47])
+def test_window_tile_edges(window, seed, device):
+    """Windows below, at and off the tile sizes (interpreter tiles: 32x16 query-outer, 16x32 dk/dv):
+    the masked edge tiles of both sides share one loop, the interior another, over g = 3 heads."""
+    _run("window", [50, 1, 33, 17], 3, 1, 32, torch.float32, seed, device, window=window)
 
 
 def test_backward_is_deterministic(seed, device):
@@ -184,6 +193,8 @@ def test_input_validation():
         flash.flash_attention(b.q, b.k, b.v, b.cu_seqlens, b.cu_seqlens.long(), mask="compressed", kernel_size=4, kernel_stride=2)
     with pytest.raises(ValueError, match="multiple"):
         flash.flash_attention(b.q[:, :3], b.k, b.v, b.cu_seqlens, window_size=4)
+    with pytest.raises(ValueError, match="scale"):
+        flash.flash_attention(b.q, b.k, b.v, b.cu_seqlens, window_size=4, scale=0.0)
     with pytest.raises(ValueError, match="head dim"):
         big = make_batch([4], 1, 1, 264)
         flash.flash_attention(big.q, big.k, big.v, big.cu_seqlens, window_size=4)

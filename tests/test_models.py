@@ -245,11 +245,12 @@ def test_convergence_three_steps():
     row = convergence.run_point(p, {}, CPU, "cpu-test")
     assert row["status"] == "ok", row.get("traceback", row["message"])
     assert row["curve"]["step"] == [0, 1, 2] and len(row["curve"]["loss"]) == 3
-    ids, labels = convergence.retrieval_batch(p, 256, 0, CPU)
-    again, _ = convergence.retrieval_batch(p, 256, 0, CPU)
+    ids, labels, far = convergence.retrieval_batch(p, 256, 0, CPU)
+    again, _, _ = convergence.retrieval_batch(p, 256, 0, CPU)
     assert torch.equal(ids, again)
     mask = labels != -100
-    assert mask.sum() == p["batch"] * p["queries"]
+    assert mask.sum() == p["batch"] * p["queries"] and not (far & ~mask).any()
+    assert far.sum() == sum(len(set(ids[b, mask[b]].tolist())) for b in range(p["batch"]))
     # Every target is the token that followed the probed key in the context.
     for b in range(p["batch"]):
         for t in mask[b].nonzero().flatten().tolist():

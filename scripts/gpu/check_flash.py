@@ -4,21 +4,27 @@ full-attention baselines (ops/full.py).
 
 1. Correctness in bf16 and fp16 at 8K and 32K tokens against the fp32 reference (chunked; the
    backward where the reference's autograd graph fits in memory): max errors vs bounds
-   (2 x PyTorch's own error in the dtype + the dtype floor, as in the tests). Also checks that
-   window_size=512 means the same thing for flash-attn (when installed) and the reference.
-2. Timing, bf16, h_kv=4, d=128, g in {1, 4, 16}, N in 8K-64K (one sequence):
-   window (w=512; triton vs flash_attn), compressed attention (l=32, s=16), full causal
-   attention (sdpa_flash, sdpa_cudnn, flash_attn, triton); fwd and bwd medians from
-   triton.testing.do_bench, with useful TFLOP/s from the exact count of visible (query, key)
-   pairs (fwd 4 * h * d per pair, bwd 2.5x that).
+   (2 x PyTorch's own error in the dtype + the dtype floor, as in the tests), plus bitwise
+   determinism of two backward passes (window, and compressed with chunked dk/dv partials).
+2. Timing, bf16, h_kv=4, d=128, g in {1, 4, 16}, N in {8K, 32K, 64K} (one sequence): window
+   (w=512; triton, flash_attn when installed), compressed attention (l=32, s=16; triton), full
+   causal attention (triton, sdpa_cudnn, flash_attn when installed); fwd and bwd medians from
+   triton.testing.do_bench, bwd/fwd time ratio, useful TFLOP/s from the exact count of visible
+   (query, key) pairs (fwd 4 * h * d per pair, bwd 2.5x that).
+3. Backward breakdown (torch.profiler, GPU time per kernel: row statistics, dq, dk/dv, the rest)
+   at a few points, and the configs the autotuner picked. The timing table is printed last.
 
-Exits non-zero when a comparison fails. Runs in about 3-4 minutes on an H200 (a good part is
-Triton compilation and autotuning). Usage: python scripts/gpu/check_flash.py [--skip-timing]
+Exits non-zero when a comparison fails. Aims at < 3 minutes on an H200, most of it Triton
+compilation and autotuning. Writes $OUT/check_flash.json when OUT is set.
+Usage: python scripts/gpu/check_flash.py [--skip-correctness] [--skip-timing]
+Predictions and results: docs/perf-log-flash.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 
@@ -26,7 +32,7 @@ import torch
 import triton
 
 from fsalab.config import NSAConfig
-from fsalab.ops import reference
+from fsalab.ops import flash, reference
 from fsalab.ops.compression import compressed_attention
 from fsalab.ops.full import full_attention
 from fsalab.ops.window import flash_attn_varlen, window_attention
@@ -105,6 +111,20 @@ def check_case(name, mode, impl, lengths, g, h_kv, d, dtype, backward, seed, row
     return ok
 
 
+def check_determinism(name, mode, lengths, g, h_kv, seed, rows) -> bool:
+    """Two backward passes give bitwise-equal dq, dk, dv (no atomics; fixed-order chunk sums)."""
+    q, k, v, cu, cu_k = inputs(lengths, g * h_kv, h_kv, 128, torch.bfloat16, seed, mode)
+    do = torch.randn_like(q)
+    fn = op_of(mode, "triton", cu, cu_k)
+    first, second = (run(fn, q, k, v, do, True) for _ in range(2))
+    ok = True
+    for tensor in ("dq", "dk", "dv"):
+        same = torch.equal(first[tensor], second[tensor])
+        ok &= same
+        rows.append((name, tensor, max_error(second[tensor], first[tensor]), 0.0, "ok" if same else "FAIL: not bitwise equal"))
+    return ok
+
+
 def pairs(mode, n) -> int:
     """Visible (query, key) pairs of one sequence of n tokens."""
     if mode == "window":
@@ -129,16 +149,104 @@ def time_case(mode, impl, n, g, rows, h_kv=4, d=128):
         o = fn(q, k, v)[0]
         do = torch.randn_like(o)
         bwd = bench(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
-        tflops = (f"{flops / fwd * 1e-9:8.1f}", f"{2.5 * flops / bwd * 1e-9:8.1f}")
-        rows.append((mode, impl, n, g, f"{fwd:9.3f}", f"{bwd:9.3f}", *tflops))
+        rows.append({"op": mode, "impl": impl, "N": n, "g": g, "fwd_ms": fwd, "bwd_ms": bwd,
+                     "fwd_tflops": flops / fwd * 1e-9, "bwd_tflops": 2.5 * flops / bwd * 1e-9})
     except (RuntimeError, ValueError) as exc:
-        rows.append((mode, impl, n, g, "-", "-", "-", f"unsupported: {str(exc).splitlines()[0][:60]}"))
+        rows.append({"op": mode, "impl": impl, "N": n, "g": g, "error": str(exc).splitlines()[0][:60]})
     del q, k, v
     torch.cuda.empty_cache()
 
 
+def breakdown(mode, n, g, rows, h_kv=4, d=128, reps=3):
+    """GPU milliseconds per backward kernel (torch.profiler), averaged over reps backward passes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v, cu, cu_k = inputs([n], g * h_kv, h_kv, d, torch.bfloat16, 0, mode)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    o = op_of(mode, "triton", cu, cu_k)(q, k, v)[0]
+    do = torch.randn_like(o)
+    torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # compiled and tuned before profiling
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+        torch.cuda.synchronize()
+    parts = {"stats": 0.0, "dq": 0.0, "dkdv": 0.0, "other": 0.0}
+    names = {"_stats_kernel": "stats", "_dq_kernel": "dq", "_dkdv_kernel": "dkdv"}
+    for evt in prof.key_averages():
+        us = getattr(evt, "device_time_total", None)
+        us = us if us is not None else getattr(evt, "cuda_time_total", 0.0)
+        if us <= 0 or evt.key.startswith("ProfilerStep"):
+            continue
+        part = next((p for kname, p in names.items() if kname in evt.key), "other")
+        parts[part] += us / 1000 / reps
+    rows.append((mode, n, g, parts))
+    del q, k, v, o, do
+    torch.cuda.empty_cache()
+
+
+def autotune_picks() -> list[str]:
+    """'kernel key -> config' for every autotuned flash kernel (key: D_PAD, key_stride, window,
+    size_class, argument dtypes)."""
+    out = []
+    for name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
+        kernel = getattr(flash, name)
+        for key, cfg in getattr(kernel, "cache", {}).items():
+            dtypes = [str(x).replace("torch.", "") for x in key[4:]]
+            blocks = f"BLOCK_M={cfg.kwargs['BLOCK_M']} BLOCK_N={cfg.kwargs['BLOCK_N']}"
+            dtype_text = "/".join(sorted(set(dtypes)))
+            out.append(f"{name:13s} d_pad={key[0]} stride={key[1]} window={key[2]} size_class={key[3]} {dtype_text:14s}"
+                       f" -> {blocks} warps={cfg.num_warps} stages={cfg.num_stages}")
+    return out
+
+
+CASES = [
+    # name, mode, impl, lengths, g, h_kv, d, dtype, backward
+    # fp16 cases share d=96 and bf16 cases d=128 (plus one d=256), so few kernels get compiled.
+    ("window bf16 8K varlen g4", "window", "triton", [1, 700, 3000, 4491], 4, 2, 128, torch.bfloat16, True),
+    ("window fp16 8K varlen g5 d96", "window", "triton", [1, 700, 3000, 4491], 5, 2, 96, torch.float16, True),
+    ("window bf16 32K g16", "window", "triton", [32768], 16, 1, 128, torch.bfloat16, True),
+    ("window fp16 32K varlen g5 d96", "window", "triton", [20000, 12768], 5, 2, 96, torch.float16, False),
+    ("window bf16 8K g1 d256", "window", "triton", [8192], 1, 2, 256, torch.bfloat16, True),
+    ("compressed bf16 8K varlen g4", "compressed", "triton", [1, 700, 3000, 4491], 4, 2, 128, torch.bfloat16, True),
+    ("compressed fp16 8K varlen g5 d96", "compressed", "triton", [1, 700, 3000, 4491], 5, 2, 96, torch.float16, True),
+    ("compressed bf16 32K g16", "compressed", "triton", [32768], 16, 1, 128, torch.bfloat16, True),
+    ("compressed fp16 32K varlen g5 d96", "compressed", "triton", [20000, 12768], 5, 2, 96, torch.float16, False),
+    ("full triton bf16 8K varlen g4", "full", "triton", [1, 700, 3000, 4491], 4, 2, 128, torch.bfloat16, True),
+    ("full triton fp16 8K varlen g5 d96", "full", "triton", [1, 700, 3000, 4491], 5, 2, 96, torch.float16, True),
+    ("full triton bf16 32K g4", "full", "triton", [32768], 4, 1, 128, torch.bfloat16, False),
+    ("full triton fp16 32K g5 d96", "full", "triton", [32768], 5, 1, 96, torch.float16, False),
+    ("full sdpa_flash bf16 8K varlen g4", "full", "sdpa_flash", [1, 700, 3000, 4491], 4, 2, 128, torch.bfloat16, True),
+    ("full sdpa_cudnn bf16 8K g4", "full", "sdpa_cudnn", [8192], 4, 2, 128, torch.bfloat16, True),
+]
+FA_CASES = [
+    ("window flash_attn bf16 8K varlen g4", "window", "flash_attn", [1, 700, 3000, 4491], 4, 2, 128, torch.bfloat16, True),
+    ("full flash_attn bf16 8K varlen g4", "full", "flash_attn", [1, 700, 3000, 4491], 4, 2, 128, torch.bfloat16, True),
+]
+
+
+def correctness(has_fa: bool) -> tuple[bool, list]:
+    rows: list = []
+    ok = True
+    for i, case in enumerate(CASES + (FA_CASES if has_fa else [])):
+        try:
+            ok &= check_case(*case, seed=1000 + i, rows=rows)
+        except Exception as exc:  # a crash is a failure of that case, reported with the rest
+            rows.append((case[0], "-", float("nan"), float("nan"), f"FAIL: {type(exc).__name__}: {exc}"))
+            ok = False
+    for name, mode, lengths, g, h_kv in (("determinism window 8K varlen g4", "window", [1, 700, 3000, 4491], 4, 2),
+                                         ("determinism compressed 32K g16", "compressed", [32768], 16, 1)):
+        try:
+            ok &= check_determinism(name, mode, lengths, g, h_kv, 7, rows)
+        except Exception as exc:
+            rows.append((name, "-", float("nan"), float("nan"), f"FAIL: {type(exc).__name__}: {exc}"))
+            ok = False
+    return ok, rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-correctness", action="store_true")
     parser.add_argument("--skip-timing", action="store_true")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -147,61 +255,56 @@ def main() -> int:
     has_fa = flash_attn_varlen() is not None
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, flash-attn {has_fa}")
     start = time.time()
-    bf16, fp16 = torch.bfloat16, torch.float16
-    varlen_8k = [1, 700, 3000, 4491]
-    # fp16 cases share d=96 and bf16 cases d=128 (plus one d=256), so few kernels get compiled.
-    cases = [
-        # name, mode, impl, lengths, g, h_kv, d, dtype, backward
-        ("window bf16 8K varlen g4", "window", "triton", varlen_8k, 4, 2, 128, bf16, True),
-        ("window fp16 8K varlen g5 d96", "window", "triton", varlen_8k, 5, 2, 96, fp16, True),
-        ("window bf16 32K g16", "window", "triton", [32768], 16, 1, 128, bf16, True),
-        ("window fp16 32K varlen g5 d96", "window", "triton", [20000, 12768], 5, 2, 96, fp16, False),
-        ("window bf16 8K g1 d256", "window", "triton", [8192], 1, 2, 256, bf16, True),
-        ("compressed bf16 8K varlen g4", "compressed", "triton", varlen_8k, 4, 2, 128, bf16, True),
-        ("compressed fp16 8K varlen g5 d96", "compressed", "triton", varlen_8k, 5, 2, 96, fp16, True),
-        ("compressed bf16 32K g16", "compressed", "triton", [32768], 16, 1, 128, bf16, True),
-        ("compressed fp16 32K varlen g5 d96", "compressed", "triton", [20000, 12768], 5, 2, 96, fp16, False),
-        ("full triton bf16 8K varlen g4", "full", "triton", varlen_8k, 4, 2, 128, bf16, True),
-        ("full triton fp16 8K varlen g5 d96", "full", "triton", varlen_8k, 5, 2, 96, fp16, True),
-        ("full triton bf16 32K g4", "full", "triton", [32768], 4, 1, 128, bf16, False),
-        ("full triton fp16 32K g5 d96", "full", "triton", [32768], 5, 1, 96, fp16, False),
-        ("full sdpa_flash bf16 8K varlen g4", "full", "sdpa_flash", varlen_8k, 4, 2, 128, bf16, True),
-        ("full sdpa_cudnn bf16 8K g4", "full", "sdpa_cudnn", [8192], 4, 2, 128, bf16, True),
-    ]
-    if has_fa:
-        cases += [
-            ("window flash_attn bf16 8K varlen g4", "window", "flash_attn", varlen_8k, 4, 2, 128, bf16, True),
-            ("full flash_attn bf16 8K varlen g4", "full", "flash_attn", varlen_8k, 4, 2, 128, bf16, True),
-        ]
-    rows: list = []
-    ok = True
-    for i, case in enumerate(cases):
-        try:
-            ok &= check_case(*case, seed=1000 + i, rows=rows)
-        except Exception as exc:  # a crash is a failure of that case, reported with the rest
-            rows.append((case[0], "-", float("nan"), float("nan"), f"FAIL: {type(exc).__name__}: {exc}"))
-            ok = False
-    print(f"\ncorrectness ({time.time() - start:.0f} s)")
-    print(f"{'case':38s} {'tensor':6s} {'max err':>10s} {'torch err':>10s}  verdict")
-    for name, tensor, err, native_err, verdict in rows:
-        print(f"{name:38s} {tensor:6s} {err:10.3e} {native_err:10.3e}  {verdict}")
+    ok, rows = (True, []) if args.skip_correctness else correctness(has_fa)
+    if rows:
+        print(f"\ncorrectness ({time.time() - start:.0f} s)")
+        print(f"{'case':38s} {'tensor':6s} {'max err':>10s} {'torch err':>10s}  verdict")
+        for name, tensor, err, native_err, verdict in rows:
+            print(f"{name:38s} {tensor:6s} {err:10.3e} {native_err:10.3e}  {verdict}", flush=True)
 
+    timing: list = []
     if not args.skip_timing:
-        timing: list = []
         impls = {
             "window": ["triton"] + (["flash_attn"] if has_fa else []),
             "compressed": ["triton"],
-            "full": ["sdpa_flash", "sdpa_cudnn"] + (["flash_attn"] if has_fa else []) + ["triton"],
+            "full": ["triton", "sdpa_cudnn"] + (["flash_attn"] if has_fa else []),
         }
         for mode, names in impls.items():
-            for n in (8192, 16384, 32768, 65536):
+            for n in (8192, 32768, 65536):
                 for g in (1, 4, 16):
                     for impl in names:
                         time_case(mode, impl, n, g, timing)
+        parts: list = []
+        for mode, n, g in (("window", 65536, 4), ("window", 8192, 16), ("compressed", 65536, 1),
+                           ("compressed", 65536, 16), ("full", 32768, 4)):
+            try:
+                breakdown(mode, n, g, parts)
+            except Exception as exc:  # the profiler is a diagnostic; its failure fails nothing
+                print(f"breakdown {mode} {n} g{g} failed: {type(exc).__name__}: {exc}")
+        print("\nbackward breakdown: GPU ms per kernel (torch.profiler), bf16, h_kv=4, d=128")
+        print(f"{'op':10s} {'N':>6s} {'g':>3s} {'stats':>8s} {'dq':>8s} {'dkdv':>8s} {'other':>8s} {'sum':>8s}")
+        for mode, n, g, p in parts:
+            print(f"{mode:10s} {n:6d} {g:3d} {p['stats']:8.3f} {p['dq']:8.3f} {p['dkdv']:8.3f} {p['other']:8.3f}"
+                  f" {sum(p.values()):8.3f}")
+        print("\nautotuner picks")
+        for line in autotune_picks():
+            print(line)
         print(f"\ntiming: bf16, h_kv=4, d=128, one sequence, median ms ({time.time() - start:.0f} s)")
-        print(f"{'op':10s} {'impl':10s} {'N':>6s} {'g':>3s} {'fwd ms':>9s} {'bwd ms':>9s} {'fwd TF/s':>8s} {'bwd TF/s':>8s}")
-        for mode, impl, n, g, fwd, bwd, ftf, btf in timing:
-            print(f"{mode:10s} {impl:10s} {n:6d} {g:3d} {fwd:>9s} {bwd:>9s} {ftf:>8s} {btf:>8s}")
+        print(f"{'op':10s} {'impl':10s} {'N':>6s} {'g':>3s} {'fwd ms':>9s} {'bwd ms':>9s} {'bwd/fwd':>7s}"
+              f" {'fwd TF/s':>8s} {'bwd TF/s':>8s}")
+        for r in timing:
+            head = f"{r['op']:10s} {r['impl']:10s} {r['N']:6d} {r['g']:3d}"
+            if "error" in r:
+                print(f"{head} unsupported: {r['error']}")
+            else:
+                print(f"{head} {r['fwd_ms']:9.3f} {r['bwd_ms']:9.3f} {r['bwd_ms'] / r['fwd_ms']:7.2f}"
+                      f" {r['fwd_tflops']:8.1f} {r['bwd_tflops']:8.1f}")
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "check_flash.json"), "w") as f:
+            json.dump({"correct": ok, "correctness": [list(r) for r in rows], "timing": timing}, f, indent=1)
+    for name, tensor, _, _, verdict in rows:  # failures again, next to the verdict
+        if verdict != "ok":
+            print(f"{name} {tensor}: {verdict}")
     print(f"\ntotal {time.time() - start:.0f} s; correctness {'PASSED' if ok else 'FAILED'}")
     return 0 if ok else 1
 

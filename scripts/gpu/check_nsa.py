@@ -1,22 +1,30 @@
 """GPU check of NSA's query-outer selected-attention kernel (ops/selection/nsa.py).
 
-1. Correctness in bf16 and fp16 at 8K-64K tokens against the fp32 reference (chunked; backward
+1. Correctness in bf16 and fp16 at 8K-32K tokens against the fp32 reference (chunked; backward
    at 8K, where the reference's autograd graph fits in memory): max errors vs bounds
    (2 x PyTorch's own error in the dtype + the dtype floor, as in the tests).
 2. Timing at 64K tokens, h_kv=4, d=128, (B, T)=(64, 16), g in {1, 4, 8, 16}, bf16, block_idx
-   from reference.select_blocks on random inputs: fwd, bwd (index build included) and the index
-   build alone, triton.testing.do_bench medians, with useful TFLOP/s from the exact count of
-   causal keys (fwd 4 * g * d per key, bwd 2.5x that) and the 4*N*h*T*B*d approximation.
+   from reference.select_blocks on random inputs, triton.testing.do_bench medians: fwd and bwd
+   through autograd (index build included), then the backward split: index build, dk/dv plan
+   (torch glue), dq kernel (+ delta), dk/dv kernels (main + merge of split segments), and
+   "other" = bwd - the parts (autograd, allocations). Each kernel is also timed with its
+   prefetch ablation (prefetch=False), whose outputs must match. Rates: useful TFLOP/s from the
+   exact count of causal keys (fwd 4 * g * d per key, bwd 2.5x that), dq's K/V gather rate
+   (4 * d bytes per key), dk/dv's TFLOP/s (8 * g * d per key) and q/do gather rate
+   (g * (4 * d + 8) bytes per CSR entry). Byte/FLOP model and predictions: docs/perf-log-nsa.md.
 
-Exits non-zero when a comparison fails. Runs in about 3 minutes on an H200, most of it Triton
-compilation and autotuning (5 shape keys x 4 kernels x 3-4 configs); FSALAB_AUTOTUNE=0 skips
-autotuning (default configs). Usage: python scripts/gpu/check_nsa.py [--skip-timing]
+Exits non-zero when a comparison fails. Runs in about 2.5 minutes on an H200, most of it Triton
+compilation and autotuning; FSALAB_AUTOTUNE=0 skips autotuning (default configs). Writes
+$OUT/check_nsa.json when OUT is set. Usage: python scripts/gpu/check_nsa.py [--skip-timing]
+[--no-ablation]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import sys
 import time
 
@@ -97,29 +105,87 @@ def causal_keys(block_idx, cu, block_size) -> int:
 
 
 def bench(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=300, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
-def time_case(g, rows, n=65536, h_kv=4, d=128, seed=0):
+def max_diff(a, b) -> float:
+    return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b))
+
+
+def time_case(g, rows, ablation, n=65536, h_kv=4, d=128, seed=0) -> dict:
+    """Median ms of fwd, bwd and the backward's parts at one g; appends a table row, returns the record."""
     cfg = NSAConfig(block_size=64, topk=16)
+    bs, scale = cfg.block_size, 1.0 / math.sqrt(d)
     q, k, v, cu, block_idx = random_inputs([n], g * h_kv, h_kv, d, torch.bfloat16, cfg, seed)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    fwd_ms = bench(lambda: selected_attention_nsa(q, k, v, block_idx, cu, cfg.block_size))
-    o, _ = selected_attention_nsa(q, k, v, block_idx, cu, cfg.block_size)
+    r = {"g": g}
+    r["fwd"] = bench(lambda: selected_attention_nsa(q, k, v, block_idx, cu, bs))
+    o, lse = selected_attention_nsa(q, k, v, block_idx, cu, bs)
     do = torch.randn_like(o)
-    bwd_ms = bench(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
-    index_ms = bench(lambda: build_selection_index(block_idx, cu, cfg.block_size))
-    fwd_flops = 4.0 * g * d * causal_keys(block_idx, cu, cfg.block_size)
-    approx_flops = 4.0 * n * g * h_kv * cfg.topk * cfg.block_size * d
-    rows.append((g, fwd_ms, bwd_ms, index_ms, fwd_flops / fwd_ms * 1e-9, 2.5 * fwd_flops / bwd_ms * 1e-9,
-                 approx_flops / fwd_ms * 1e-9))  # fmt: skip
-    del q, k, v, o, do
+    r["bwd"] = bench(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+
+    qd, kd, vd, od = (t.detach() for t in (q, k, v, o))
+    r["index"] = bench(lambda: build_selection_index(block_idx, cu, bs))
+    index = build_selection_index(block_idx, cu, bs)
+    r["plan"] = bench(lambda: nsa._dkdv_plan(index, cu, bs, g))
+    plan = nsa._dkdv_plan(index, cu, bs, g)
+    tok_start = nsa._token_starts(cu, n)
+
+    def fwd(pf):
+        return nsa._forward(qd, kd, vd, block_idx, cu, bs, scale, prefetch=pf)[:2]
+
+    def dq(pf):
+        return nsa._bwd_dq(qd, kd, vd, od, lse, do, None, block_idx, tok_start, bs, scale, prefetch=pf)
+
+    delta = dq(True)[1]
+
+    def dkdv(pf):
+        return nsa._bwd_dkdv(qd, kd, vd, do, lse, delta, index.token_ids, index.row_ptr, plan, bs, scale, prefetch=pf)
+
+    for name, fn in (("fwd_k", fwd), ("dq", dq), ("dkdv", dkdv)):
+        r[name] = bench(lambda: fn(True))
+        if ablation:
+            r[name + "_nopf"] = bench(lambda: fn(False))
+            r[name + "_nopf_diff"] = max_diff(fn(True), fn(False))
+    r["other"] = r["bwd"] - r["index"] - r["plan"] - r["dq"] - r["dkdv"]
+
+    keys = causal_keys(block_idx, cu, bs)
+    entries = int(index.row_ptr[-1])
+    r["fwd_tflops"] = 4.0 * g * d * keys / r["fwd"] * 1e-9
+    r["bwd_tflops"] = 2.5 * 4.0 * g * d * keys / r["bwd"] * 1e-9
+    r["dq_kv_tbps"] = 4.0 * d * keys / r["dq"] * 1e-9
+    r["dkdv_tflops"] = 8.0 * g * d * keys / r["dkdv"] * 1e-9
+    r["dkdv_tbps"] = entries * g * (4.0 * d + 8) / r["dkdv"] * 1e-9
+    r["max_extra"], r["extra_segments"] = plan["max_extra"], int(plan["extra_ptr"][-1])
+    rows.append(r)
+    del q, k, v, o, do, qd, kd, vd, od, index, plan
     torch.cuda.empty_cache()
+    return r
+
+
+def print_timing(timing, ablation) -> None:
+    cols = [("g", "g", 3), ("fwd", "fwd", 7), ("bwd", "bwd", 7), ("index", "index", 6), ("plan", "plan", 5),
+            ("dq", "dq", 7), ("dkdv", "dk/dv", 7), ("other", "other", 6), ("fwd_k", "fwd krn", 7)]  # fmt: skip
+    if ablation:
+        cols += [("fwd_k_nopf", "fwd -pf", 7), ("dq_nopf", "dq -pf", 7), ("dkdv_nopf", "dk/dv -pf", 9)]
+    print(" ".join(f"{title:>{w}s}" for _, title, w in cols))
+    for r in timing:
+        print(" ".join(f"{r[key]:{w}d}" if key == "g" else f"{r[key]:{w}.3f}" for key, _, w in cols))
+    print("(fwd, bwd: through autograd, bwd incl. index build; -pf: the kernel with prefetch=False)")
+    print(f"\n{'g':>3s} {'fwd TF/s':>9s} {'bwd TF/s':>9s} {'dq K/V TB/s':>12s} {'dk/dv TF/s':>11s}"
+          f" {'dk/dv q/do TB/s':>16s} {'extra segments/slots':>21s}")  # fmt: skip
+    for r in timing:
+        print(f"{r['g']:3d} {r['fwd_tflops']:9.1f} {r['bwd_tflops']:9.1f} {r['dq_kv_tbps']:12.2f} {r['dkdv_tflops']:11.1f}"
+              f" {r['dkdv_tbps']:16.2f} {r['extra_segments']:>15d}/{r['max_extra']:<5d}")  # fmt: skip
+    if ablation:
+        diffs = {name: max(r[name + "_nopf_diff"] for r in timing) for name in ("fwd_k", "dq", "dkdv")}
+        print("prefetch=False vs True, max |output difference|: " + ", ".join(f"{k} {v:.3g}" for k, v in diffs.items()))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--no-ablation", action="store_true", help="skip the prefetch=False kernel timings")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("check_nsa: needs a CUDA device", file=sys.stderr)
@@ -129,7 +195,7 @@ def main() -> int:
 
     default = NSAConfig()  # l=32, s=16, B=64, T=16
     # Shape keys (d, g, block size, dtype) shared with the timing below where possible: every new
-    # key compiles and autotunes all configs of four kernels.
+    # key compiles and autotunes all configs of three kernels.
     cases = [
         # name, lengths, g, h_kv, d, dtype, cfg, backward
         ("bf16 8K g4 d128 fwd+bwd", [8192], 4, 2, 128, torch.bfloat16, default, True),
@@ -137,8 +203,8 @@ def main() -> int:
         ("bf16 8K 50 short+1 long g16 fwd+bwd", [5] * 40 + [100] * 10 + [7000], 16, 2, 128, torch.bfloat16, default,
          True),  # fmt: skip
         ("bf16 32K varlen g8 d128 fwd", [20000, 12768], 8, 4, 128, torch.bfloat16, default, False),
-        ("bf16 64K g1 d128 fwd", [65536], 1, 4, 128, torch.bfloat16, default, False),
-        ("bf16 64K g16 d128 fwd", [65536], 16, 4, 128, torch.bfloat16, default, False),
+        ("bf16 32K g1 d128 fwd", [32768], 1, 4, 128, torch.bfloat16, default, False),
+        ("bf16 32K g16 d128 fwd", [32768], 16, 4, 128, torch.bfloat16, default, False),
     ]
     rows: list = []
     ok = True
@@ -149,21 +215,26 @@ def main() -> int:
     for name, tensor, err, native_err, verdict in rows:
         print(f"{name:38s} {tensor:6s} {err:10.3e} {native_err:10.3e}  {verdict}")
 
+    record: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                    "correctness": [dict(zip(("case", "tensor", "max_err", "torch_err", "verdict"), r)) for r in rows]}
     if not args.skip_timing:
         timing: list = []
+        ablation = not args.no_ablation
         for g in (1, 4, 8, 16):
-            time_case(g, timing)
+            time_case(g, timing, ablation)
         print(f"\ntiming: N=64K, h_kv=4, d=128, (B,T)=(64,16), bf16, median ms ({time.time() - start:.0f} s)")
-        header = ("g", "fwd ms", "bwd ms", "index ms", "fwd TF/s", "bwd TF/s", "fwd TF/s (4NhTBd)")
-        print(" ".join(f"{name:>{w}s}" for name, w in zip(header, (3, 8, 8, 9, 9, 9, 18))))
-        for g, fwd, bwd, idx, ftf, btf, atf in timing:
-            print(f"{g:3d} {fwd:8.3f} {bwd:8.3f} {idx:9.3f} {ftf:9.1f} {btf:9.1f} {atf:18.1f}")
+        print_timing(timing, ablation)
         print("public NSA Triton kernel (fla-org), H100, 64 q / 4 KV heads (g=16): ~24.5 ms fwd, ~33.8 ms bwd")
+        record["timing"] = timing
         print("\nautotuned configs (key: d, g, block_size, dtypes...):")
-        for kernel in (nsa._fwd_kernel, nsa._bwd_dq_kernel, nsa._bwd_dkdv_kernel, nsa._bwd_dkdv_extra_kernel):
+        for kernel in (nsa._fwd_kernel, nsa._bwd_dq_kernel, nsa._bwd_dkdv_kernel):
             if isinstance(kernel, triton.runtime.Autotuner):  # not when FSALAB_AUTOTUNE=0
                 for key, config in kernel.cache.items():
                     print(f"  {kernel.fn.__name__:24s} {key[:3]} {config}")
+                    record.setdefault("configs", []).append([kernel.fn.__name__, list(key[:3]), str(config)])
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "check_nsa.json"), "w") as f:
+            json.dump(record, f, indent=1)
     print(f"\ntotal {time.time() - start:.0f} s; correctness {'PASSED' if ok else 'FAILED'}")
     return 0 if ok else 1
 

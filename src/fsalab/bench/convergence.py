@@ -14,7 +14,8 @@ Model: the Llama architecture of ``fsalab.models.configs`` shrunk by ``model_ove
 (default 4 layers, hidden 256, 4 query / 2 KV heads of 64), with the same attention swap as
 the benchmarks. Parameters, gradients and AdamW state in ``dtype`` (bf16 by default, as the
 paper trains). One result row per impl (DESIGN §2 columns; op ``convergence``; median step
-time; the loss/accuracy curves under ``curve``).
+time; the loss and accuracy curves under ``curve``, accuracy split into "far" queries, whose
+key only the context holds, and "near" ones, whose key was queried before within the window).
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ CONVERGENCE_DEFAULTS = {
 }
 
 
-def retrieval_batch(p: dict, vocab: int, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [batch, N] and labels [batch, N]: -100 except the value after each query key.
+def retrieval_batch(p: dict, vocab: int, step: int, device: torch.device):
+    """ids [batch, N], labels [batch, N] (-100 except the value at each query key) and ``far``
+    [batch, N] bool (the queries whose key was not queried before: only the context has it).
 
     Each row: a context of N - 2 x queries tokens, random filler with ``pairs`` key-value pairs
     (distinct keys) at random even offsets, then ``queries`` key-value pairs whose keys are drawn
@@ -83,7 +85,10 @@ def retrieval_batch(p: dict, vocab: int, step: int, device: torch.device) -> tup
     labels = torch.full_like(ids, -100)
     at_key = context + 2 * torch.arange(queries)
     labels[:, at_key] = values.gather(1, probe)
-    return ids.to(device), labels.to(device)
+    seen_before = ((probe[:, :, None] == probe[:, None, :]) & torch.ones(queries, queries).tril(-1).bool()).any(-1)
+    far = torch.zeros_like(ids, dtype=torch.bool)
+    far[:, at_key] = ~seen_before
+    return ids.to(device), labels.to(device), far.to(device)
 
 
 def lr_at(p: dict, step: int) -> float:
@@ -106,10 +111,10 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
         lm.train()
         vocab = lm.config.vocab_size
         opt = torch.optim.AdamW(lm.parameters(), lr=p["lr"], betas=(0.9, 0.95), weight_decay=0.0)
-        curve = {"step": [], "loss": [], "accuracy": []}
+        curve = {"step": [], "loss": [], "accuracy": [], "accuracy_far": [], "accuracy_near": []}
         step_ms = []
         for step in range(p["steps"]):
-            ids, labels = retrieval_batch(p, vocab, step, device)
+            ids, labels, far = retrieval_batch(p, vocab, step, device)
             for group in opt.param_groups:
                 group["lr"] = lr_at(p, step)
             t0 = time.perf_counter()
@@ -124,11 +129,12 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
                 torch.cuda.synchronize(device)
             step_ms.append((time.perf_counter() - t0) * 1e3)
             if step % p["log_every"] == 0 or step == p["steps"] - 1:
+                hit = logits.argmax(-1) == labels
                 mask = labels != -100
-                acc = (logits.argmax(-1)[mask] == labels[mask]).float().mean()
                 curve["step"].append(step)
                 curve["loss"].append(float(loss.detach()))
-                curve["accuracy"].append(float(acc))
+                for key, m in (("accuracy", mask), ("accuracy_far", far), ("accuracy_near", mask & ~far)):
+                    curve[key].append(float(hit[m].float().mean()) if bool(m.any()) else None)
         timed_ms = sorted(step_ms[1:] or step_ms)  # the first step compiles/autotunes
         row.update(median_ms=timed_ms[len(timed_ms) // 2], p20_ms=timed_ms[int(0.2 * (len(timed_ms) - 1))],
                    p80_ms=timed_ms[int(0.8 * (len(timed_ms) - 1))], n_samples=len(timed_ms))
@@ -136,6 +142,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
         row["timing"] = {"method": "wallclock", "scope": "one training step (synchronised)", "first_step_excluded": True}
         row["curve"] = curve
         row["final_loss"], row["final_accuracy"] = curve["loss"][-1], curve["accuracy"][-1]
+        row["final_accuracy_far"] = curve["accuracy_far"][-1]
         row["chance_loss"] = float(torch.log(torch.tensor(float(p["num_values"]))))
         finite = all(x == x and abs(x) != float("inf") for x in curve["loss"])
         row["check"] = {"status": "pass" if finite else "fail", "what": "finite losses"}

@@ -24,7 +24,7 @@ import torch
 
 from . import ops
 from .check import check, with_leaves
-from .inputs import attended_keys, make_inputs
+from .inputs import attended_keys, input_key, make_inputs
 from .provenance import detect_platform, provenance
 from .timing import measure, peak_memory
 
@@ -179,6 +179,8 @@ def run_points(
     profiles instead of timing)."""
     runner = runner or run_point
     platform = platform or detect_platform()
+    # Points sharing inputs run back to back (every impl and direction of one grid point in turn).
+    points = sorted(points, key=lambda p: repr(input_key(p)))
     written, t0 = [], time.time()
     for i, p in enumerate(points, 1):
         path = result_path(results_dir, platform, p["experiment"], p["id"])

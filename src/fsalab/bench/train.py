@@ -416,9 +416,10 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
         row["check"] = {"status": "pass" if math.isfinite(final_loss) else "fail", "what": "finite loss"}
         tokens = p["batch"] * p["N"] * world
         row["tokens_per_s"] = tokens / (row["median_ms"] * 1e-3)
-        p_linear = linear_params(lm) * world if distributed else linear_params(lm)
-        row["useful_tflops"] = 6 * p_linear * p["batch"] * p["N"] / (row["median_ms"] * 1e-3) / 1e12
-        row["useful_flops_kind"] = "6 x linear-layer params x tokens (attention excluded: same numerator for every impl)"
+        # DTensor.numel() is the global size, so this is the whole model's count under FSDP too.
+        row["useful_tflops"] = 6 * linear_params(lm) * tokens / (row["median_ms"] * 1e-3) / 1e12
+        row["useful_flops_kind"] = ("6 x linear-layer params x tokens, summed over ranks (attention excluded: "
+                                    "same numerator for every impl)")
         row["optimizer_ms"] = t_opt
         row.update(_estimate(row, lm, p, parts, t_opt, distributed))
         row["world_size"] = world

@@ -13,14 +13,16 @@ a sequence sits at position ``p_j = j * key_stride + key_offset`` on the query a
 Varlen without host syncs: the grid has ``batch + total // BLOCK`` tiles; sequence b owns the
 tiles from ``b + cu_seqlens[b] // BLOCK`` on, which always leaves room for its ceil(n_b / BLOCK)
 tiles, so a program finds its (sequence, tile) by a binary search over cu_seqlens and surplus
-programs exit. Each program walks only the key (or query) tiles its mask can reach, split into
-masked edge tiles and unmasked interior tiles: window attention costs O(N * w).
+programs exit. Each program walks only the key (or query) tiles its mask can reach, in two
+loops: the masked edge tiles on both sides, then the unmasked interior. Window attention costs
+O(N * w).
 
-Backward (deterministic, no atomics): ``delta = rowsum(o * do) - dlse`` first; dq by a
-query-outer kernel like the forward; dk/dv by a key-outer kernel that loops over the g query
-heads of its KV head and over the query tiles that see its key tile. When there are too few
-key tiles to fill the GPU (compressed keys, short batches) the query axis is cut into chunks
-whose fp32 partials are summed in a fixed order.
+Backward (deterministic, no atomics): a row-statistics kernel first (lse / scale and
+delta = rowsum(o * do) - dlse, head-major); dq by a query-outer kernel like the forward; dk/dv
+by a key-outer kernel that loops over the g query heads of its KV head times the query tiles
+that see its key tile, flattened into long loops. When there are too few key tiles to fill the
+GPU (compressed keys, short causal batches) the query axis is cut into chunks whose fp32
+partials are summed in a fixed order. Performance notes: docs/perf-log-flash.md.
 
 Shapes: q [total_q, h, d], k/v [total_k, h_kv, d] (unit stride on d), cu_seqlens_q/k int32
 [batch + 1]; h = g * h_kv with any g in 1..16, any d <= 256 (padded to a power of two and
@@ -89,7 +91,7 @@ def _cfg(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
 _FWD_CONFIGS = [_cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3)]
 _DQ_CONFIGS = [_cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3)]
 # Key-outer dk/dv kernel: BLOCK_N keys with their fp32 dk, dv accumulators, BLOCK_M queries stream.
-_DKDV_CONFIGS = [_cfg(32, 128, 8, 2), _cfg(64, 128, 8, 2), _cfg(32, 64, 4, 3)]
+_DKDV_CONFIGS = [_cfg(32, 128, 8, 3), _cfg(64, 64, 8, 3), _cfg(32, 64, 4, 3)]
 # Tried for d = 256 only: 8 warps hold [64, 256] fp32 accumulators.
 _D256_ONLY = [_cfg(64, 64, 8, 2), _cfg(32, 64, 8, 2)]
 
@@ -102,12 +104,12 @@ def _prune(configs, named_args, **kwargs):
 
 def _autotune(configs):
     """Autotuned on GPU, keyed on padded d, key stride and window (sliding, causal and compressed
-    masks tune apart); the bare kernel under the interpreter."""
+    masks tune apart) and a size class (see _size_class); the bare kernel under the interpreter."""
 
     def wrap(fn):
         if _INTERPRET:
             return fn
-        key = ["D_PAD", "key_stride", "window"]
+        key = ["D_PAD", "key_stride", "window", "size_class"]
         return triton.autotune(configs + _D256_ONLY, key=key, prune_configs_by={"early_config_prune": _prune})(fn)
 
     return wrap
@@ -115,7 +117,7 @@ def _autotune(configs):
 
 # Runtime ints that vary between calls: not specialized (== 1, % 16), so a new batch size, group
 # or window reuses the compiled kernels instead of recompiling every autotune config.
-_DYNAMIC = ["batch", "n_search", "group", "key_stride", "key_offset", "window"]
+_DYNAMIC = ["batch", "n_search", "group", "key_stride", "key_offset", "window", "size_class"]
 
 
 def _meta(block_m: int, block_n: int) -> dict:
@@ -126,10 +128,10 @@ def _meta(block_m: int, block_n: int) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Device helpers
 # ----------------------------------------------------------------------------------------------
-# Steps inline their masks: the interpreter pays ~0.3 ms per nested jit call, and on GPU a d-mask
-# `arange(D_PAD) < D` keeps loads vectorized (its constancy is the divisibility of D). Steps
-# rebuild their tile pointers from a scalar row: loop-carried [tile, D] tensors of 64-bit
-# pointers cost the registers that made the dk/dv kernel spill.
+# The per-tile steps inline their masks (the interpreter pays ~0.3 ms per nested jit call), and on
+# GPU a d-mask `arange(D_PAD) < D` keeps loads vectorized (its constancy is the divisibility of
+# D). Steps rebuild their tile pointers from a scalar row: loop-carried [tile, D] tensors of
+# 64-bit pointers cost the registers that made the dk/dv kernel spill.
 
 
 @triton.jit
@@ -233,7 +235,7 @@ def _fwd_step(acc, m_i, l_i, q, K, V, k_start, j0, stride_kt, stride_vt, offs_k,
 @triton.jit(do_not_specialize=_DYNAMIC + ["n_heads"])
 def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, n_heads,
-                batch, n_search, group, scale_log2, key_stride, key_offset, window,
+                batch, n_search, group, scale_log2, key_stride, key_offset, window, size_class,
                 D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # Reversed order: the last (longest-running) causal tiles start first.
@@ -332,7 +334,7 @@ def _dq_step(dq, q, do, lse_s, delta, K, V, k_start, j0, stride_kt, stride_vt, o
 def _dq_kernel(Q, K, V, DO, LSE_S, DELTA, DQ, CU_Q, CU_K,
                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                stride_dqt, stride_dqh, total,
-               batch, n_search, group, scale, scale_log2, key_stride, key_offset, window,
+               batch, n_search, group, scale, scale_log2, key_stride, key_offset, window, size_class,
                D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -411,7 +413,7 @@ def _dkdv_step(dk, dv, k, v, Q, DO, LSE_S, DELTA, q_row, stat, m0, hi, stride_qt
 def _dkdv_kernel(Q, K, V, DO, LSE_S, DELTA, DK, DV, CU_Q, CU_K,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                  stride_dks, stride_dkt, stride_dkh, stride_dvs, stride_dvt, stride_dvh, total,
-                 batch, n_search, group, q_chunk, scale, scale_log2, key_stride, key_offset, window,
+                 batch, n_search, group, q_chunk, scale, scale_log2, key_stride, key_offset, window, size_class,
                  D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (key tile, KV head, query chunk): sums over the group's query heads.
@@ -499,20 +501,27 @@ def _search_steps(batch: int) -> int:
     return max(1, batch.bit_length())
 
 
+def _size_class(total: int, h: int) -> int:
+    """Autotune key (unused by the kernels): total * h in powers of 4 from 2^15 up to 2^23, so a
+    tiny batch does not pick the tiles of a 64K-token one (parallelism differs by 100x)."""
+    return min(4, max(0, ((total * h).bit_length() - 15) // 2))
+
+
 def _num_query_chunks(total_q: int, total_k: int, batch: int, h_kv: int, group: int, window: int,
                       device: torch.device) -> int:
     """Query chunks for dk/dv (fp32 partials, summed in a fixed order), from shapes only.
 
     Few key tiles that each see a long query range (compressed keys, causal masks of short
     batches) leave SMs idle: cut the query axis so that there are ~4 programs per SM (key tiles
-    counted at the largest BLOCK_N, 128), while a chunk keeps >= 2048 (row, head) pairs of work.
+    counted at the largest BLOCK_N, 128), while a chunk keeps >= 4096 (row, head) pairs of work
+    (the fp32 partials cost 2 * d * 4 bytes per key row and chunk, written and read once).
     """
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     programs = (batch + total_k // 128) * h_kv
     span = min(window, total_q)  # query rows one key tile can see
-    return max(1, min(16, -(-4 * sms // programs), span * group // 2048))
+    return max(1, min(16, -(-4 * sms // programs), span * group // 4096))
 
 
 def _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale):
@@ -529,7 +538,7 @@ def _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale):
         q, k, v, o, lse, cu_q, cu_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1), h,
         batch, _search_steps(batch), h // k.shape[1], scale * _LOG2E, key_stride, key_offset, window,
-        **_common_meta(q), **_meta(32, 16),
+        _size_class(total, h), **_common_meta(q), **_meta(32, 16),
     )
     return o, lse
 
@@ -559,7 +568,7 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
         q, k, v, do, lse_s, delta, dq, cu_q, cu_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
         dq.stride(0), dq.stride(1), total, *common, scale, scale * _LOG2E, key_stride, key_offset, window,
-        **meta, **_meta(32, 16),
+        _size_class(total, h), **meta, **_meta(32, 16),
     )
     chunks = _num_query_chunks(total, total_k, batch, h_kv, group, window, q.device)
     # fp32 partials per query chunk, summed in a fixed order below (deterministic).
@@ -571,7 +580,7 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
         *dk_out.stride()[:3], *dv_out.stride()[:3], total,
         *common, triton.cdiv(total, chunks), scale, scale * _LOG2E, key_stride, key_offset, window,
-        **meta, **_meta(16, 32),
+        _size_class(total, h), **meta, **_meta(16, 32),
     )
     if chunks > 1:
         dk.copy_(dk_out.sum(0))
@@ -651,6 +660,8 @@ def flash_attention(
     if total >= NO_WINDOW or k.shape[0] >= NO_WINDOW:
         raise ValueError(f"at most {NO_WINDOW - 1} tokens per call (int32 positions), got {max(total, k.shape[0])}")
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[2])
+    if not math.isfinite(scale) or scale == 0:  # the backward works with lse / scale
+        raise ValueError(f"scale must be finite and non-zero, got {scale!r}")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     return FlashAttention.apply(
         q, k, v, cu_seqlens_q, cu_seqlens_k, key_stride, key_offset, window, float(scale), mask == "compressed"

@@ -18,12 +18,14 @@ entry stores its block's own (normalised o, lse) and the reduction merges them b
 programs come from a work list (no idle programs); the backward computes dK/dV and the dq
 partials in one pass, splitting long rows (the sink block) over several programs.
 
-Both take q [total, h, d], k/v [total, h_kv, d], block_idx int32 [total, h_kv, topk] (local
-block ids, ascending, -1 padding), cu_seqlens int32 [batch + 1], and return o [total, h, d]
+Both take q [total, h, d], k/v [total, h_kv, d] (fp16/bf16/fp32, d <= 256, h / h_kv <= 16),
+block_idx int32 [total, h_kv, topk] (local block ids, ascending, -1 padding), cu_seqlens int32
+[batch + 1], block_size a power of two >= 16 (inputs are validated by
+``selection.selected_attention``, as for the NSA kernel), and return o [total, h, d]
 (q's dtype) and lse [total, h] (fp32, natural log; -inf for tokens with no selected block).
 Partial outputs are kept in q's dtype (normalised, so bounded by max |v|), dq partials and
 dK/dV accumulators in fp32. Heads are processed in chunks whose partial buffers fit
-``fsa_plan.BUFFER_BUDGET_BYTES``. No host synchronisation: every grid and buffer is sized from
+g x ``fsa_plan.BUFFER_BUDGET_BYTES``. No host synchronisation: every grid and buffer is sized from
 shapes and the index lists are built on device once per forward and reused by the backward.
 """
 
@@ -35,7 +37,6 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ...checks import KERNEL_DTYPES, check_attention_inputs, check_block_idx
 from . import fsa_plan as plan
 from .fsa_bwd import _delta_kernel, _dkdv_kernel, _dkdv_merge_kernel
 from .fsa_fwd import DQ, FAST, LSE, LSE_ONLY, PAPER, STATS, SUM, _merge_kernel, _partial_kernel
@@ -98,14 +99,12 @@ class _Problem:
 
 
 def _prepare(q, k, v, block_idx, cu_seqlens, block_size, scale) -> _Problem:
-    check_attention_inputs(q, k, v, cu_seqlens, KERNEL_DTYPES)
-    if k.shape[0] != q.shape[0]:
-        raise ValueError(f"k/v must have one row per token of q ({q.shape[0]}), got {k.shape[0]}")
-    check_block_idx(block_idx, q.shape[0], k.shape[1])
-    if block_idx.device != q.device:
-        raise ValueError(f"block_idx is on {block_idx.device}, expected {q.device}")
+    # Shapes, dtypes and values are validated by selection.selected_attention (as for the NSA
+    # kernel); only what the kernels themselves assume is checked here.
     if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
+    if q.device.type != "cuda" and not plan.interpreting():
+        raise ValueError(f"the FSA kernels need CUDA tensors (or TRITON_INTERPRET=1), got device {q.device}")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[2])
     index = build_selection_index(block_idx.contiguous(), cu_seqlens, block_size)
     table = plan.block_table(index, cu_seqlens, block_size)

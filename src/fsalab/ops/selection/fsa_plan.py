@@ -22,9 +22,10 @@ import triton
 
 from .index import SelectionIndex
 
-# Bytes of per-entry partial buffers (partial o / lse, or dq) alive at once; heads are processed
-# in chunks that fit. 512 MiB keeps the extra memory of a 64K-token, 4-KV-head, d=128 call under
-# 1 GiB (the index lists and outputs come on top).
+# Bytes of per-entry partial buffers (partial o / lse, or dq) alive at once, per query head of a
+# group (the bound is g x this): heads are processed in chunks that fit. At 64K tokens, (64, 16),
+# d = 128 a whole group fits for any g (fwd 272 MB, fp32 dq 512 MiB per head), and at g = 1 the
+# extra memory stays under 1 GiB (index lists and outputs come on top).
 BUFFER_BUDGET_BYTES = 512 << 20
 # Bytes of the fp32 dK/dV partials of rows split across several backward programs.
 SPLIT_BUDGET_BYTES = 64 << 20
@@ -159,12 +160,12 @@ class Chunk:
 
 
 def head_chunks(h_kv: int, g: int, per_head_bytes: int, allow_partial_groups: bool = True) -> list[Chunk]:
-    """Split the heads so that per_head_bytes * heads-in-chunk stays within BUFFER_BUDGET_BYTES.
+    """Split the heads so that per_head_bytes * heads-in-chunk stays within g * BUFFER_BUDGET_BYTES.
 
     With allow_partial_groups=False a chunk always holds whole groups (at least one, even over
     budget): the fused backward needs every head of a group to finish a KV head's dK/dV.
     """
-    fit = max(1, BUFFER_BUDGET_BYTES // max(1, per_head_bytes))
+    fit = max(1, g * BUFFER_BUDGET_BYTES // max(1, per_head_bytes))
     if fit >= g or not allow_partial_groups:
         per = max(1, min(h_kv, fit // g))
         return [Chunk(hk, min(per, h_kv - hk), 0, g) for hk in range(0, h_kv, per)]
@@ -174,7 +175,7 @@ def head_chunks(h_kv: int, g: int, per_head_bytes: int, allow_partial_groups: bo
 
 
 def fits_whole_groups(g: int, per_head_bytes: int) -> bool:
-    return BUFFER_BUDGET_BYTES // max(1, per_head_bytes) >= g
+    return g * BUFFER_BUDGET_BYTES // max(1, per_head_bytes) >= g
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import torch
 from fsalab.config import NSAConfig
 from fsalab.ops import reference
 from fsalab.ops.selection import nsa, selected_attention
+from fsalab.ops.selection.index import build_selection_index
 from fsalab.testing import assert_close, make_batch
 from test_selection_index import random_block_idx, selected_blocks
 
@@ -142,13 +143,42 @@ def test_nsa_lse_gradient(seed, gen, device):
     check_against_reference(batch, block_idx, 16, with_dlse=True)
 
 
+def sink_block_idx(cu, h_kv, topk, block_size, gen):
+    """Random selections where block 0 is selected by every non-empty row (the attention sink)."""
+    block_idx = random_block_idx(cu, h_kv, topk, block_size, gen, p_drop=0.2)
+    block_idx[:, :, 0] = torch.where(block_idx[:, :, 0] >= 0, 0, -1)
+    return block_idx
+
+
 def test_nsa_split_segments(monkeypatch, seed, gen, device):
-    """Long CSR lists split into segments whose fp32 partials are merged (the attention-sink path)."""
+    """Long CSR lists split into segments whose fp32 partials are merged (the attention-sink path);
+    the segment slots are an upper bound, so some dk/dv and merge programs find no work."""
     monkeypatch.setattr(nsa, "_segment_entries", lambda g: 5)
     batch = make_batch([50, 61], 6, 2, 64, dtype=torch.float16, device=device, seed=seed)
-    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.2)
-    block_idx[:, :, 0] = torch.where(block_idx[:, :, 0] >= 0, 0, -1)  # block 0 selected by every non-empty row
+    block_idx = sink_block_idx(batch.cu_seqlens, 2, 3, 16, gen)
     check_against_reference(batch, block_idx, 16)
+
+
+def test_nsa_prefetch_ablation(monkeypatch, seed, gen, device):
+    """prefetch=False, the ablation timed by scripts/gpu/check_nsa.py, gives bit-identical results."""
+    monkeypatch.setattr(nsa, "_segment_entries", lambda g: 7)
+    g, h_kv, block_size, scale = 3, 2, 16, 0.125
+    batch = make_batch([40, 37], g * h_kv, h_kv, 64, dtype=torch.float16, device=device, seed=seed)
+    q, k, v, cu = batch.q, batch.k, batch.v, batch.cu_seqlens
+    block_idx = sink_block_idx(cu, h_kv, 3, block_size, gen)
+    do = torch.randn(q.shape, generator=gen).to(device, q.dtype)
+    index = build_selection_index(block_idx, cu, block_size)
+    plan = nsa._dkdv_plan(index, cu, block_size, g)
+    assert int(plan["extra_ptr"][-1]) > 0
+    results = []
+    for prefetch in (True, False):
+        o, lse, tok_start = nsa._forward(q, k, v, block_idx, cu, block_size, scale, prefetch=prefetch)
+        dq, delta = nsa._bwd_dq(q, k, v, o, lse, do, None, block_idx, tok_start, block_size, scale, prefetch=prefetch)
+        dk, dv = nsa._bwd_dkdv(q, k, v, do, lse, delta, index.token_ids, index.row_ptr, plan, block_size, scale,
+                               prefetch=prefetch)  # fmt: skip
+        results.append((o, lse, dq, delta, dk, dv))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
 
 
 def test_nsa_deterministic(seed, gen, device):

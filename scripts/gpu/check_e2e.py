@@ -129,13 +129,13 @@ def main(argv=None) -> int:
 
     print(f"\n{'op':11s} {'impl':11s} {'status':7s} {'median_ms':>10s} {'full_ms':>10s} {'attn/L':>8s} "
           f"{'mlp/L':>8s} {'tok/s':>9s} {'peakGiB':>8s}")
-    for r in rows:
-        def f(key, fmt="{:.1f}"):
-            return fmt.format(r[key]) if isinstance(r.get(key), (int, float)) else "-"
+    def f(r, key, fmt="{:.1f}"):
+        return fmt.format(r[key]) if isinstance(r.get(key), (int, float)) else "-"
 
-        print(f"{r['op']:11s} {r['impl']:11s} {r['status']:7s} {f('median_ms'):>10s} {f('full_depth_ms'):>10s} "
-              f"{f('attention_ms_per_layer'):>8s} {f('mlp_ms_per_layer'):>8s} {f('tokens_per_s', '{:.0f}'):>9s} "
-              f"{f('peak_mem_gib'):>8s}")
+    for r in rows:
+        print(f"{r['op']:11s} {r['impl']:11s} {r['status']:7s} {f(r, 'median_ms'):>10s} {f(r, 'full_depth_ms'):>10s} "
+              f"{f(r, 'attention_ms_per_layer'):>8s} {f(r, 'mlp_ms_per_layer'):>8s} {f(r, 'tokens_per_s', '{:.0f}'):>9s} "
+              f"{f(r, 'peak_mem_gib'):>8s}")
     for op in ("train_step", "prefill"):
         ms = {r["impl"]: r["median_ms"] for r in rows if r["op"] == op and r["status"] == "ok"}
         if "fsa" in ms:

@@ -2,21 +2,25 @@
 sliding-window attention (ops/window.py), compressed attention (ops/compression.py) and the
 full-attention baselines (ops/full.py).
 
+0. Compile warm-up: one subprocess per kernel variant (WARM_SPECS) fills Triton's on-disk cache
+   in parallel, so the main run mostly loads compiled kernels (--no-warm: compile serially).
 1. Correctness in bf16 and fp16 at 8K and 32K tokens against the fp32 reference (chunked; the
    backward where the reference's autograd graph fits in memory): max errors vs bounds
-   (2 x PyTorch's own error in the dtype + the dtype floor, as in the tests), plus bitwise
-   determinism of two backward passes (window, and compressed with chunked dk/dv partials).
+   (2 x PyTorch's own error in the dtype + the dtype floor, as in the tests), for the default
+   deterministic backward and for deterministic=False (dq by fp32 atomics, "triton_atomic"),
+   plus bitwise determinism of two default backward passes (window; compressed with chunked
+   dk/dv partials).
 2. Timing, bf16, h_kv=4, d=128, g in {1, 4, 16}, N in {8K, 32K, 64K} (one sequence): window
-   (w=512; triton, flash_attn when installed), compressed attention (l=32, s=16; triton), full
-   causal attention (triton, sdpa_cudnn, flash_attn when installed); fwd and bwd medians from
-   triton.testing.do_bench, bwd/fwd time ratio, useful TFLOP/s from the exact count of visible
-   (query, key) pairs (fwd 4 * h * d per pair, bwd 2.5x that).
+   (w=512), compressed attention (l=32, s=16), full causal attention; impls triton,
+   triton_atomic (full: up to 32K), sdpa_cudnn (full), flash_attn when installed; fwd and bwd
+   medians from triton.testing.do_bench, bwd/fwd time ratio, useful TFLOP/s from the exact
+   count of visible (query, key) pairs (fwd 4 * h * d per pair, bwd 2.5x that).
 3. Backward breakdown (torch.profiler, GPU time per kernel: row statistics, dq, dk/dv, the rest)
    at a few points, and the configs the autotuner picked. The timing table is printed last.
 
 Exits non-zero when a comparison fails. Aims at < 3 minutes on an H200, most of it Triton
 compilation and autotuning. Writes $OUT/check_flash.json when OUT is set.
-Usage: python scripts/gpu/check_flash.py [--skip-correctness] [--skip-timing]
+Usage: python scripts/gpu/check_flash.py [--skip-correctness] [--skip-timing] [--no-warm]
 Predictions and results: docs/perf-log-flash.md.
 """
 
@@ -63,7 +67,15 @@ def inputs(lengths, h, h_kv, d, dtype, seed, mode):
 
 
 def op_of(mode, impl, cu, cu_k):
-    """(q, k, v) -> (o, lse or None) for a mode (window | compressed | full) and impl."""
+    """(q, k, v) -> (o, lse or None) for a mode (window | compressed | full) and impl
+    ("triton_atomic": fsalab's kernels with deterministic=False, dq by fp32 atomics)."""
+    if impl == "triton_atomic":
+        window = flash.NO_WINDOW if mode == "full" else W
+        if mode == "compressed":
+            return lambda q, k, v: flash.flash_attention(
+                q, k, v, cu, cu_k, mask="compressed", kernel_size=CFG.kernel_size, kernel_stride=CFG.kernel_stride,
+                deterministic=False)
+        return lambda q, k, v: flash.flash_attention(q, k, v, cu, window_size=window, deterministic=False)
     if impl == "reference":
         if mode == "window":
             return lambda q, k, v: reference.window_attention(q, k, v, cu, W)
@@ -157,13 +169,14 @@ def time_case(mode, impl, n, g, rows, h_kv=4, d=128):
     torch.cuda.empty_cache()
 
 
-def breakdown(mode, n, g, rows, h_kv=4, d=128, reps=3):
+def breakdown(mode, impl, n, g, rows, h_kv=4, d=128, reps=3):
     """GPU milliseconds per backward kernel (torch.profiler), averaged over reps backward passes."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     q, k, v, cu, cu_k = inputs([n], g * h_kv, h_kv, d, torch.bfloat16, 0, mode)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    o = op_of(mode, "triton", cu, cu_k)(q, k, v)[0]
+    o = op_of(mode, impl, cu, cu_k)(q, k, v)[0]
     do = torch.randn_like(o)
     torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # compiled and tuned before profiling
     torch.cuda.synchronize()
@@ -174,29 +187,28 @@ def breakdown(mode, n, g, rows, h_kv=4, d=128, reps=3):
     parts = {"stats": 0.0, "dq": 0.0, "dkdv": 0.0, "other": 0.0}
     names = {"_stats_kernel": "stats", "_dq_kernel": "dq", "_dkdv_kernel": "dkdv"}
     for evt in prof.key_averages():
+        if evt.device_type != DeviceType.CUDA:  # kernels, memsets, copies; not the CPU ops around them
+            continue
         us = getattr(evt, "device_time_total", None)
         us = us if us is not None else getattr(evt, "cuda_time_total", 0.0)
-        if us <= 0 or evt.key.startswith("ProfilerStep"):
-            continue
         part = next((p for kname, p in names.items() if kname in evt.key), "other")
         parts[part] += us / 1000 / reps
-    rows.append((mode, n, g, parts))
+    rows.append((mode, impl, n, g, parts))
     del q, k, v, o, do
     torch.cuda.empty_cache()
 
 
 def autotune_picks() -> list[str]:
     """'kernel key -> config' for every autotuned flash kernel (key: D_PAD, key_stride, window,
-    size_class, argument dtypes)."""
+    size_class, FUSE_DQ for dk/dv, then the argument dtypes)."""
     out = []
     for name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
         kernel = getattr(flash, name)
         for key, cfg in getattr(kernel, "cache", {}).items():
-            dtypes = [str(x).replace("torch.", "") for x in key[4:]]
-            blocks = f"BLOCK_M={cfg.kwargs['BLOCK_M']} BLOCK_N={cfg.kwargs['BLOCK_N']}"
-            dtype_text = "/".join(sorted(set(dtypes)))
-            out.append(f"{name:13s} d_pad={key[0]} stride={key[1]} window={key[2]} size_class={key[3]} {dtype_text:14s}"
-                       f" -> {blocks} warps={cfg.num_warps} stages={cfg.num_stages}")
+            values = [str(x) for x in key if not str(x).startswith("torch.")]
+            dtypes = sorted({str(x).replace("torch.", "") for x in key if str(x).startswith("torch.")})
+            out.append(f"{name:13s} key={','.join(values):32s} {'/'.join(dtypes):22s} -> BLOCK_M={cfg.kwargs['BLOCK_M']}"
+                       f" BLOCK_N={cfg.kwargs['BLOCK_N']} warps={cfg.num_warps} stages={cfg.num_stages}")
     return out
 
 
@@ -212,6 +224,9 @@ CASES = [
     ("compressed fp16 8K varlen g5 d96", "compressed", "triton", [1, 700, 3000, 4491], 5, 2, 96, torch.float16, True),
     ("compressed bf16 32K g16", "compressed", "triton", [32768], 16, 1, 128, torch.bfloat16, True),
     ("compressed fp16 32K varlen g5 d96", "compressed", "triton", [20000, 12768], 5, 2, 96, torch.float16, False),
+    ("window atomic-dq bf16 8K varlen g4", "window", "triton_atomic", [1, 700, 3000, 4491], 4, 2, 128, torch.bfloat16,
+     True),
+    ("compressed atomic-dq bf16 32K g16", "compressed", "triton_atomic", [32768], 16, 1, 128, torch.bfloat16, True),
     ("full triton bf16 8K varlen g4", "full", "triton", [1, 700, 3000, 4491], 4, 2, 128, torch.bfloat16, True),
     ("full triton fp16 8K varlen g5 d96", "full", "triton", [1, 700, 3000, 4491], 5, 2, 96, torch.float16, True),
     ("full triton bf16 32K g4", "full", "triton", [32768], 4, 1, 128, torch.bfloat16, False),
@@ -244,17 +259,64 @@ def correctness(has_fa: bool) -> tuple[bool, list]:
     return ok, rows
 
 
+# (mode, impl, dtype, d) of every kernel variant the run compiles: warm_cache compiles them in
+# parallel processes first (Triton's on-disk cache then serves the main process). 8K varlen
+# batches take both dk/dv output variants (bf16 direct for the window, fp32 chunk partials for
+# the compressed and causal masks).
+WARM_SPECS = [(mode, impl, dtype, d)
+              for mode in ("window", "compressed", "full")
+              for impl, dtype, d in (("triton", "bfloat16", 128), ("triton", "float16", 96),
+                                     ("triton_atomic", "bfloat16", 128))] + [("window", "triton", "bfloat16", 256)]
+
+
+def warm(spec: str) -> None:
+    """Forward and backward of one 8K varlen batch for a WARM_SPECS entry ("mode,impl,dtype,d")."""
+    mode, impl, dtype, d = spec.split(",")
+    q, k, v, cu, cu_k = inputs([1, 700, 3000, 4491], 8, 2, int(d), getattr(torch, dtype), 0, mode)
+    run(op_of(mode, impl, cu, cu_k), q, k, v, torch.randn_like(q), True)
+    torch.cuda.synchronize()
+
+
+def warm_cache(timeout_s: float = 150.0) -> str:
+    """Compile every kernel variant in parallel subprocesses (one per WARM_SPECS entry)."""
+    import subprocess
+
+    start = time.time()
+    procs = [subprocess.Popen([sys.executable, __file__, "--warm", ",".join(map(str, spec))],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for spec in WARM_SPECS]
+    failed = []
+    for spec, proc in zip(WARM_SPECS, procs):
+        try:
+            _, err = proc.communicate(timeout=max(1.0, timeout_s - (time.time() - start)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            failed.append(f"{spec}: timeout")
+            continue
+        if proc.returncode:
+            failed.append(f"{spec}: {err.strip().splitlines()[-1] if err.strip() else proc.returncode}")
+    note = f"compile warm-up: {len(WARM_SPECS)} processes, {time.time() - start:.0f} s"
+    return note + "".join(f"\n  warm-up failed (the main run compiles it): {f}" for f in failed)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-correctness", action="store_true")
     parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--no-warm", action="store_true", help="compile in the main process only")
+    parser.add_argument("--warm", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("check_flash: needs a CUDA device", file=sys.stderr)
         return 2
+    if args.warm:
+        warm(args.warm)
+        return 0
     has_fa = flash_attn_varlen() is not None
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, flash-attn {has_fa}")
     start = time.time()
+    if not args.no_warm:
+        print(warm_cache(), flush=True)
     ok, rows = (True, []) if args.skip_correctness else correctness(has_fa)
     if rows:
         print(f"\ncorrectness ({time.time() - start:.0f} s)")
@@ -265,35 +327,40 @@ def main() -> int:
     timing: list = []
     if not args.skip_timing:
         impls = {
-            "window": ["triton"] + (["flash_attn"] if has_fa else []),
-            "compressed": ["triton"],
-            "full": ["triton", "sdpa_cudnn"] + (["flash_attn"] if has_fa else []),
+            "window": ["triton", "triton_atomic"] + (["flash_attn"] if has_fa else []),
+            "compressed": ["triton", "triton_atomic"],
+            "full": ["triton", "triton_atomic", "sdpa_cudnn"] + (["flash_attn"] if has_fa else []),
         }
         for mode, names in impls.items():
             for n in (8192, 32768, 65536):
                 for g in (1, 4, 16):
                     for impl in names:
+                        if impl == "triton_atomic" and mode == "full" and n > 32768:
+                            continue  # the slowest points; 8K and 32K show the trend
                         time_case(mode, impl, n, g, timing)
         parts: list = []
-        for mode, n, g in (("window", 65536, 4), ("window", 8192, 16), ("compressed", 65536, 1),
-                           ("compressed", 65536, 16), ("full", 32768, 4)):
+        for mode, impl, n, g in (("window", "triton", 65536, 4), ("window", "triton", 8192, 16),
+                                 ("window", "triton_atomic", 65536, 4), ("compressed", "triton", 65536, 1),
+                                 ("compressed", "triton", 65536, 16), ("compressed", "triton_atomic", 65536, 16),
+                                 ("full", "triton", 32768, 4)):
             try:
-                breakdown(mode, n, g, parts)
+                breakdown(mode, impl, n, g, parts)
             except Exception as exc:  # the profiler is a diagnostic; its failure fails nothing
-                print(f"breakdown {mode} {n} g{g} failed: {type(exc).__name__}: {exc}")
+                print(f"breakdown {mode} {impl} {n} g{g} failed: {type(exc).__name__}: {exc}")
         print("\nbackward breakdown: GPU ms per kernel (torch.profiler), bf16, h_kv=4, d=128")
-        print(f"{'op':10s} {'N':>6s} {'g':>3s} {'stats':>8s} {'dq':>8s} {'dkdv':>8s} {'other':>8s} {'sum':>8s}")
-        for mode, n, g, p in parts:
-            print(f"{mode:10s} {n:6d} {g:3d} {p['stats']:8.3f} {p['dq']:8.3f} {p['dkdv']:8.3f} {p['other']:8.3f}"
-                  f" {sum(p.values()):8.3f}")
+        print(f"{'op':10s} {'impl':13s} {'N':>6s} {'g':>3s} {'stats':>8s} {'dq':>8s} {'dkdv':>8s} {'other':>8s}"
+              f" {'sum':>8s}")
+        for mode, impl, n, g, p in parts:
+            print(f"{mode:10s} {impl:13s} {n:6d} {g:3d} {p['stats']:8.3f} {p['dq']:8.3f} {p['dkdv']:8.3f}"
+                  f" {p['other']:8.3f} {sum(p.values()):8.3f}")
         print("\nautotuner picks")
         for line in autotune_picks():
             print(line)
         print(f"\ntiming: bf16, h_kv=4, d=128, one sequence, median ms ({time.time() - start:.0f} s)")
-        print(f"{'op':10s} {'impl':10s} {'N':>6s} {'g':>3s} {'fwd ms':>9s} {'bwd ms':>9s} {'bwd/fwd':>7s}"
+        print(f"{'op':10s} {'impl':13s} {'N':>6s} {'g':>3s} {'fwd ms':>9s} {'bwd ms':>9s} {'bwd/fwd':>7s}"
               f" {'fwd TF/s':>8s} {'bwd TF/s':>8s}")
         for r in timing:
-            head = f"{r['op']:10s} {r['impl']:10s} {r['N']:6d} {r['g']:3d}"
+            head = f"{r['op']:10s} {r['impl']:13s} {r['N']:6d} {r['g']:3d}"
             if "error" in r:
                 print(f"{head} unsupported: {r['error']}")
             else:

@@ -155,19 +155,17 @@ def time_point(p, impls) -> dict:
     out_bytes = q.numel() * q.element_size() + q.shape[0] * q.shape[1] * 4  # o + lse
     grad_bytes = q.element_size() * (q.numel() + 2 * k.numel())  # dq + dk + dv
     for name in impls:
-        fn = impl(name)
         try:
-            fwd = lambda: fn(q, k, v, block_idx, cu, bs)  # noqa: E731
+            fwd = functools.partial(impl(name), q, k, v, block_idx, cu, bs)
             rec[f"{name}_fwd_ms"] = bench(fwd)
             rec[f"{name}_fwd_extra_gib"] = extra_gib(fwd, out_bytes)
             o, _ = fwd()
-            do = torch.randn_like(o)
-            bwd = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
+            bwd = functools.partial(torch.autograd.grad, o, (q, k, v), torch.randn_like(o), retain_graph=True)
             rec[f"{name}_bwd_ms"] = bench(bwd)
             rec[f"{name}_bwd_extra_gib"] = extra_gib(bwd, grad_bytes)
             rec[f"{name}_fwd_tflops"] = 4.0 * p["d"] * keys / rec[f"{name}_fwd_ms"] * 1e-9
             rec[f"{name}_bwd_tflops"] = 2.5 * 4.0 * p["d"] * keys / rec[f"{name}_bwd_ms"] * 1e-9
-            del o, do
+            del o, fwd, bwd
         except Exception as exc:  # one failing impl (e.g. out of memory) is a row, not a crash
             rec[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         torch.cuda.empty_cache()

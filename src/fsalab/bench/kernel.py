@@ -85,8 +85,9 @@ def _timed_callable(bound: ops.BoundOp, inputs, direction: str, seed: int):
     gen = torch.Generator(device=o.device).manual_seed(seed + 2)
     do = torch.randn(o.shape, generator=gen, device=o.device, dtype=torch.float32).to(o.dtype)
     if direction == "bwd":
-        return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True, allow_unused=True)
-    del o
+        graph_out = o
+        return lambda: torch.autograd.grad(graph_out, leaves, do, retain_graph=True, allow_unused=True)
+    del o  # fwd+bwd rebuilds the graph on every call; don't hold this one during timing
     return lambda: torch.autograd.grad(bound.fn(x)[0], leaves, do, allow_unused=True)
 
 

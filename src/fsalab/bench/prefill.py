@@ -9,7 +9,7 @@ MLP timed in isolation (fwd), times L. With ``layers`` < full depth the row adds
 ``full_depth_ms`` estimate = slice + (L_full - L) x one layer's forward.
 
 With ``parallel: tp`` under torchrun the model is split over the ranks by tensor parallelism
-(``fsalab.dist.tp``, Appendix I): the same row, with the attention split giving the
+(``fsalab.parallel.tp``, Appendix I): the same row, with the attention split giving the
 attention-module latency at that TP degree (Tables 12-13) and ``median_ms`` the end-to-end
 prefill (Tables 14-15).
 
@@ -44,7 +44,7 @@ PREFILL_DEFAULTS = {"layers": None}
 
 def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
     """Measure one prefill point; always returns a row."""
-    from ..dist import fsdp, tp
+    from ..parallel import fsdp, tp
     from ..models.patch import attention_context
     from .provenance import detect_platform, provenance
 
@@ -79,7 +79,9 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
             peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
             finite = bool(torch.isfinite(last[-1]).all())
             last.clear()
-            parts = layer_part_times(lm, p, device, dtype, timing, train=False) if p["split"] else None
+            names = ("attention", "mlp", "layer") if p["split"] else ("layer",)
+            slice_only = row["layers"] < row["layers_full"]
+            parts = layer_part_times(lm, p, device, dtype, timing, False, names) if p["split"] or slice_only else None
         row.update(t.summary())
         row["samples_ms"] = t.samples_ms
         row["timing"] = {"method": t.method, **t.settings, "scope": "forward of all layers + LM head on the last token"}
@@ -94,6 +96,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
         layers, layers_full = row["layers"], row["layers_full"]
         if parts is not None:
             row["split"] = parts
+        if p["split"]:
             row.update(split_columns(parts, layers, layers_full, False, False))
         if layers == layers_full:
             row["full_depth_ms"], row["full_depth_kind"] = row["median_ms"], "measured"

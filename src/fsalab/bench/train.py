@@ -10,7 +10,7 @@ On one GPU a point runs a slice of ``layers`` decoder layers plus the embedding,
 LM head. The row reports the slice's step time (``median_ms``) and, labelled as an estimate,
 ``full_depth_estimate_ms`` = slice + (L_full - L) x one checkpointed layer's fwd+bwd (timed in
 isolation) + AdamW time scaled to the full parameter count. Under torchrun (``parallel: fsdp``)
-the same step runs at the depth asked for with FSDP2 (``fsalab.dist``) and no estimate is needed.
+the same step runs at the depth asked for with FSDP2 (``fsalab.parallel``) and no estimate is needed.
 
 Attention vs MLP (Fig. 10): one layer's attention module and MLP are timed in isolation at the
 step's shape (fwd, and fwd+bwd); with checkpointing a layer costs fwd + (recompute fwd + bwd),
@@ -27,6 +27,7 @@ import argparse
 import copy
 import gc
 import itertools
+import json
 import math
 import os
 import re
@@ -298,9 +299,9 @@ def release(device: torch.device) -> None:
 
 
 def layer_part_times(lm: nn.Module, p: dict, device: torch.device, dtype: torch.dtype, timing: dict,
-                     train: bool) -> dict:
-    """Per-layer times (ms) of decoder layer 0's attention, MLP and whole layer, in isolation at
-    the point's shape [batch, N, hidden].
+                     train: bool, names: tuple[str, ...] = ("attention", "mlp", "layer")) -> dict:
+    """Per-layer times (ms) of decoder layer 0's attention, MLP and whole layer (``names``), in
+    isolation at the point's shape [batch, N, hidden].
 
     ``train``: fwd (no grad) and fwd+bwd of attention and MLP; the whole layer as it runs in the
     step (checkpointed when enabled: fwd, then recompute + bwd). Otherwise fwd only (prefill).
@@ -322,7 +323,9 @@ def layer_part_times(lm: nn.Module, p: dict, device: torch.device, dtype: torch.
     }
     out = {}
     with attention_context(p["impl"]):
-        for name, f in parts.items():
+        for name in names:
+            f = parts[name]
+
             def fwd(f=f):
                 with torch.no_grad():
                     return f(x)
@@ -360,7 +363,7 @@ def split_columns(parts: dict, layers: int, layers_full: int, train: bool, check
 
 def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
     """Measure one training-step point; always returns a row."""
-    from ..dist import fsdp
+    from ..parallel import fsdp
     from ..models.patch import attention_context
     from .provenance import detect_platform, provenance
 
@@ -404,9 +407,9 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
                 prm.grad = torch.zeros_like(prm)
             t_opt = timed(opt.step, device, timing).summary()["median_ms"]
             opt.zero_grad(set_to_none=True)
-            parts = None
-            if p["split"] and not distributed:
-                parts = layer_part_times(lm, p, device, dtype, timing, train=True)
+            # One layer alone: the full-depth estimate always, the attention/MLP split if asked.
+            parts = None if distributed else layer_part_times(
+                lm, p, device, dtype, timing, True, ("attention", "mlp", "layer") if p["split"] else ("layer",))
         row.update(t.summary())
         row["samples_ms"] = t.samples_ms
         row["timing"] = {"method": t.method, **t.settings, "scope": "fwd + bwd + AdamW step"}
@@ -431,7 +434,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
     except Exception as exc:  # noqa: BLE001 - every failure of a point becomes a row
         fail_row(row, exc)
     finally:
-        model = lm = opt = None  # noqa: F841 - drop references before freeing the cache
+        model = lm = opt = None  # drop references before freeing the cache
         release(device)
     row["elapsed_s"] = round(time.time() - started, 3)
     row["provenance"] = provenance()
@@ -444,6 +447,7 @@ def _estimate(row: dict, lm: nn.Module, p: dict, parts: dict | None, t_opt: floa
     out = {}
     if parts is not None:
         out["split"] = parts
+    if parts is not None and p["split"]:
         out.update(split_columns(parts, layers, layers_full, True, p["checkpointing"]))
     if layers == layers_full:
         out["full_depth_ms"] = row["median_ms"]
@@ -479,9 +483,10 @@ def add_point_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--platform", default=None, help="default: detected (h200, cpu-interpret, ...)")
     ap.add_argument("--out", help="ad-hoc point: write the row here (default: print it)")
     for flag, kind in (("model", str), ("impl", str), ("N", int), ("batch", int), ("layers", int),
-                       ("block-size", int), ("topk", int), ("window-size", int), ("dtype", str),
+                       ("block-size", int), ("topk", int), ("window-size", int),
                        ("seed", int), ("loss-chunk", int), ("parallel", str)):
         ap.add_argument(f"--{flag}", type=kind, default=None)
+    ap.add_argument("--dtype", choices=sorted(_DTYPES), default=None)
     ap.add_argument("--model-overrides", type=yaml.safe_load, default=None,
                     help="YAML/JSON mapping of config fields to replace (tiny test models)")
     ap.add_argument("--warmup", type=int, default=None)
@@ -490,9 +495,10 @@ def add_point_args(ap: argparse.ArgumentParser) -> None:
 
 def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = None) -> int:
     """Shared driver: resolve points from an experiment or from flags, run them, write rows."""
-    from ..dist import fsdp
+    from ..parallel import fsdp
 
-    ap = argparse.ArgumentParser(prog=f"fsalab bench-{op.split('_')[0]}", description=__doc__.splitlines()[0])
+    doc = sys.modules[runner.__module__].__doc__ or ""
+    ap = argparse.ArgumentParser(prog=f"fsalab bench-{op.split('_')[0]}", description=doc.split("\n\n")[0])
     add_point_args(ap)
     args = ap.parse_args(argv)
     device = fsdp.setup_device()  # first: selects the Triton interpreter before triton is imported
@@ -541,8 +547,6 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
             lat = f"{row['median_ms']:.1f} ms" if row.get("median_ms") is not None else row["message"][:120]
             print(f"[{i}/{len(points)}] {p['id']}: {row['status']} {lat}", file=sys.stderr, flush=True)
             if not (args.out or args.point or args.all):
-                import json
-
                 print(json.dumps({k: v for k, v in row.items() if k not in ("provenance", "samples_ms")}, indent=1,
                                  default=str))
         status = status or (row["status"] not in ("ok", "oom", "unsupported"))

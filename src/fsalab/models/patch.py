@@ -114,7 +114,7 @@ def nsa_attend(
     Uses ``nsa``'s compression weights, gate projection, config and impl choices.
     Returns o [total, h, d] (before the output projection).
     """
-    total, h, d = q.shape
+    total, h, _ = q.shape
     cfg = nsa.cfg
     check_cu_seqlens(cu_seqlens, total, x.device)
     cmp = compression_ops(nsa.compression_impl, x.device)

@@ -14,6 +14,10 @@ from types import ModuleType
 
 import torch
 
+from ._interpreter import patch_interpreter
+
+patch_interpreter()
+
 COMPRESSION_IMPLS = ("reference", "triton", "auto")
 WINDOW_IMPLS = ("reference", "triton", "flash_attn", "auto")
 

@@ -46,29 +46,6 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
 
 
-def _fix_interpreter_index() -> None:
-    """Let the Triton interpreter use loaded scalars as loop bounds under numpy >= 2.4.
-
-    Same idempotent patch (same flag) as ``selection/nsa.py`` and ``flash.py``.
-    """
-    from triton.runtime import interpreter
-
-    patch = getattr(interpreter, "_patch_lang_tensor", None)
-    if patch is None or getattr(patch, "_fsalab_fixed", False):
-        return
-
-    def patched(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._fsalab_fixed = True
-    interpreter._patch_lang_tensor = patched
-
-
-if _INTERPRET:
-    _fix_interpreter_index()
-
-
 def _next_pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 

@@ -17,12 +17,13 @@ programs exit. Each program walks only the key (or query) tiles its mask can rea
 loops: the masked edge tiles on both sides, then the unmasked interior. Window attention costs
 O(N * w).
 
-Backward (deterministic, no atomics): a row-statistics kernel first (lse / scale and
-delta = rowsum(o * do) - dlse, head-major); dq by a query-outer kernel like the forward; dk/dv
-by a key-outer kernel that loops over the g query heads of its KV head times the query tiles
-that see its key tile, flattened into long loops. When there are too few key tiles to fill the
-GPU (compressed keys, short causal batches) the query axis is cut into chunks whose fp32
-partials are summed in a fixed order. Performance notes: docs/perf-log-flash.md.
+Backward (deterministic by default: no atomics): a row-statistics kernel first (lse / scale
+and delta = rowsum(o * do) - dlse, head-major); dq by a query-outer kernel like the forward;
+dk/dv by a key-outer kernel that loops over the g query heads of its KV head times the query
+tiles that see its key tile, flattened into long loops. When there are too few key tiles to fill
+the GPU (compressed keys, short causal batches) the query axis is cut into chunks whose fp32
+partials are summed in a fixed order. ``deterministic=False`` drops the dq kernel: the dk/dv
+kernel adds dq into an fp32 buffer with atomics. Performance notes: docs/perf-log-flash.md.
 
 Shapes: q [total_q, h, d], k/v [total_k, h_kv, d] (unit stride on d), cu_seqlens_q/k int32
 [batch + 1]; h = g * h_kv with any g in 1..16, any d <= 256 (padded to a power of two and
@@ -49,30 +50,6 @@ LN2 = tl.constexpr(0.6931471805599453)
 MASKS = ("window", "compressed")
 # Window of masks without one: wider than any sequence, yet window + positions stays in int32.
 NO_WINDOW = 1 << 30
-
-
-def _fix_interpreter_index() -> None:
-    """Let the Triton interpreter use scalars as loop bounds under numpy >= 2.4.
-
-    The interpreter keeps scalars as 1-element arrays and converts them with ``int(array)``,
-    which numpy 2.4 rejects. Same idempotent patch (same flag) as ``selection/nsa.py``.
-    """
-    from triton.runtime import interpreter
-
-    patch = getattr(interpreter, "_patch_lang_tensor", None)
-    if patch is None or getattr(patch, "_fsalab_fixed", False):
-        return
-
-    def patched(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._fsalab_fixed = True
-    interpreter._patch_lang_tensor = patched
-
-
-if _INTERPRET:
-    _fix_interpreter_index()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -102,15 +79,17 @@ def _prune(configs, named_args, **kwargs):
     return [c for c in configs if any(c is x for x in _D256_ONLY) == big]
 
 
-def _autotune(configs):
+def _autotune(configs, reset_to_zero=None):
     """Autotuned on GPU, keyed on padded d, key stride and window (sliding, causal and compressed
-    masks tune apart) and a size class (see _size_class); the bare kernel under the interpreter."""
+    masks tune apart) and a size class (see _size_class); the bare kernel under the interpreter.
+    reset_to_zero: buffers the kernel accumulates into, zeroed before every timed run."""
 
     def wrap(fn):
         if _INTERPRET:
             return fn
-        key = ["D_PAD", "key_stride", "window", "size_class"]
-        return triton.autotune(configs + _D256_ONLY, key=key, prune_configs_by={"early_config_prune": _prune})(fn)
+        key = ["D_PAD", "key_stride", "window", "size_class", "FUSE_DQ"]
+        return triton.autotune(configs + _D256_ONLY, key=key, reset_to_zero=reset_to_zero,
+                               prune_configs_by={"early_config_prune": _prune})(fn)
 
     return wrap
 
@@ -264,7 +243,7 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for t in range(0, n_edge):
+    for t in range(n_edge):
         j0 = _edge_start(t, lo, n_first, mid_hi, BLOCK_N)
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, K, V, k_start, j0, stride_kt, stride_vt, offs_k, offs_v,
                                   row_lo, row_count, n_k, scale_log2, d_ok, BLOCK_N, True, PRECISION)
@@ -366,7 +345,7 @@ def _dq_kernel(Q, K, V, DO, LSE_S, DELTA, DQ, CU_Q, CU_K,
     lo, n_first, n_edge, mid_lo, mid_hi, row_lo, row_count = _key_tiles(
         m0, n_q, n_k, key_stride, key_offset, window, BLOCK_M, BLOCK_N)
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    for t in range(0, n_edge):
+    for t in range(n_edge):
         j0 = _edge_start(t, lo, n_first, mid_hi, BLOCK_N)
         dq = _dq_step(dq, q, do, lse_s, delta, K, V, k_start, j0, stride_kt, stride_vt, offs_k, offs_v,
                       row_lo, row_count, n_k, scale_log2, d_ok, BLOCK_M, BLOCK_N, True, PRECISION)
@@ -378,21 +357,24 @@ def _dq_kernel(Q, K, V, DO, LSE_S, DELTA, DQ, CU_Q, CU_K,
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k, v, Q, DO, LSE_S, DELTA, q_row, stat, m0, hi, stride_qt, stride_dot, offs_q, offs_do,
-               pos_lo, count, scale_log2, d_ok, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
-    """dk += dS^T Q, dv += P^T dO over query rows [m0, m0 + BLOCK_M) of one head (rows >= hi masked).
+def _dkdv_step(dk, dv, k, v, Q, DO, DQ, LSE_S, DELTA, q_row, stat, m0, hi, stride_qt, stride_dot, stride_dqt,
+               offs_q, offs_do, offs_dq, pos_lo, count, scale_log2, d_ok,
+               BLOCK_M: tl.constexpr, MASKED: tl.constexpr, FUSE_DQ: tl.constexpr, PRECISION: tl.constexpr):
+    """dk += dS^T Q, dv += P^T dO over query rows [m0, m0 + BLOCK_M) of one head (rows >= hi masked);
+    with FUSE_DQ also dq += dS K (unscaled) by fp32 atomic adds.
 
     Transposed [keys, queries] tiles: P^T and dS^T feed the next products from registers. Key j
     is seen by query rows [pos_lo[j], pos_lo[j] + count[j]) (unsigned counts, already clipped to hi).
     """
     offs_m = tl.arange(0, BLOCK_M)
     if MASKED:
-        row_ok = m0 + offs_m < hi
-        q = tl.load(Q + q_row * stride_qt + offs_q, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        do = tl.load(DO + q_row * stride_dot + offs_do, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        lse_s = tl.load(LSE_S + stat + offs_m, mask=row_ok, other=0.0)
-        delta = tl.load(DELTA + stat + offs_m, mask=row_ok, other=0.0)
+        tile_ok = (m0 + offs_m < hi)[:, None] & d_ok[None, :]
+        q = tl.load(Q + q_row * stride_qt + offs_q, mask=tile_ok, other=0.0)
+        do = tl.load(DO + q_row * stride_dot + offs_do, mask=tile_ok, other=0.0)
+        lse_s = tl.load(LSE_S + stat + offs_m, mask=m0 + offs_m < hi, other=0.0)
+        delta = tl.load(DELTA + stat + offs_m, mask=m0 + offs_m < hi, other=0.0)
     else:
+        tile_ok = (offs_m >= 0)[:, None] & d_ok[None, :]
         q = tl.load(Q + q_row * stride_qt + offs_q, mask=d_ok[None, :], other=0.0)
         do = tl.load(DO + q_row * stride_dot + offs_do, mask=d_ok[None, :], other=0.0)
         lse_s = tl.load(LSE_S + stat + offs_m)
@@ -405,18 +387,22 @@ def _dkdv_step(dk, dv, k, v, Q, DO, LSE_S, DELTA, q_row, stat, m0, hi, stride_qt
     dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
     ds_t = p_t * (dp_t - delta[None, :])
     dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
+    if FUSE_DQ:
+        dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=PRECISION)
+        tl.atomic_add(DQ + q_row * stride_dqt + offs_dq, dq, mask=tile_ok, sem="relaxed")
     return dk, dv
 
 
-@_autotune(_DKDV_CONFIGS)
+@_autotune(_DKDV_CONFIGS, reset_to_zero=["DQ"])
 @triton.jit(do_not_specialize=_DYNAMIC + ["total", "q_chunk"])
-def _dkdv_kernel(Q, K, V, DO, LSE_S, DELTA, DK, DV, CU_Q, CU_K,
+def _dkdv_kernel(Q, K, V, DO, LSE_S, DELTA, DK, DV, DQ, CU_Q, CU_K,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                 stride_dks, stride_dkt, stride_dkh, stride_dvs, stride_dvt, stride_dvh, total,
+                 stride_dks, stride_dkt, stride_dkh, stride_dvs, stride_dvt, stride_dvh, stride_dqt, stride_dqh, total,
                  batch, n_search, group, q_chunk, scale, scale_log2, key_stride, key_offset, window, size_class,
-                 D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr,
+                 D: tl.constexpr, D_PAD: tl.constexpr, FUSE_DQ: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program per (key tile, KV head, query chunk): sums over the group's query heads.
+    """One program per (key tile, KV head, query chunk): sums over the group's query heads
+    (FUSE_DQ: also adds every tile's dq share into the fp32 buffer DQ).
 
     Natural order: the first key tiles of a causal or compressed mask see the most queries and
     start first. The g heads x query tiles run as two flat loops (masked edge tiles of every head,
@@ -456,23 +442,24 @@ def _dkdv_kernel(Q, K, V, DO, LSE_S, DELTA, DK, DV, CU_Q, CU_K,
     dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     offs_q = offs_m[:, None] * stride_qt + dcol[None, :]
     offs_do = offs_m[:, None] * stride_dot + dcol[None, :]
+    offs_dq = offs_m[:, None] * stride_dqt + dcol[None, :]
     head0 = kv_head * group
-    for it in range(0, group * n_edge):
+    for it in range(group * n_edge):
         i = it // tl.maximum(n_edge, 1)
         m0 = _edge_start(it - i * n_edge, lo, n_first, mid_hi, BLOCK_M)
         head = head0 + i
-        dk, dv = _dkdv_step(dk, dv, k, v, Q + head * stride_qh, DO + head * stride_doh, LSE_S, DELTA,
-                            (q_start + m0).to(tl.int64), head.to(tl.int64) * total + q_start + m0, m0, hi,
-                            stride_qt, stride_dot, offs_q, offs_do, pos_lo, count, scale_log2, d_ok,
-                            BLOCK_N, BLOCK_M, True, PRECISION)
-    for it in range(0, group * n_mid):
+        dk, dv = _dkdv_step(dk, dv, k, v, Q + head * stride_qh, DO + head * stride_doh, DQ + head * stride_dqh,
+                            LSE_S, DELTA, (q_start + m0).to(tl.int64), head.to(tl.int64) * total + q_start + m0, m0,
+                            hi, stride_qt, stride_dot, stride_dqt, offs_q, offs_do, offs_dq, pos_lo, count,
+                            scale_log2, d_ok, BLOCK_M, True, FUSE_DQ, PRECISION)
+    for it in range(group * n_mid):
         i = it // tl.maximum(n_mid, 1)
         m0 = mid_lo + (it - i * n_mid) * BLOCK_M
         head = head0 + i
-        dk, dv = _dkdv_step(dk, dv, k, v, Q + head * stride_qh, DO + head * stride_doh, LSE_S, DELTA,
-                            (q_start + m0).to(tl.int64), head.to(tl.int64) * total + q_start + m0, m0, hi,
-                            stride_qt, stride_dot, offs_q, offs_do, pos_lo, count, scale_log2, d_ok,
-                            BLOCK_N, BLOCK_M, False, PRECISION)
+        dk, dv = _dkdv_step(dk, dv, k, v, Q + head * stride_qh, DO + head * stride_doh, DQ + head * stride_dqh,
+                            LSE_S, DELTA, (q_start + m0).to(tl.int64), head.to(tl.int64) * total + q_start + m0, m0,
+                            hi, stride_qt, stride_dot, stride_dqt, offs_q, offs_do, offs_dq, pos_lo, count,
+                            scale_log2, d_ok, BLOCK_M, False, FUSE_DQ, PRECISION)
     s64 = split.to(tl.int64)
     dk_ptrs = DK + s64 * stride_dks + k_row0 * stride_dkt + kv_head * stride_dkh + offs_n[:, None] * stride_dkt + dcol[None, :]
     dv_ptrs = DV + s64 * stride_dvs + k_row0 * stride_dvt + kv_head * stride_dvh + offs_n[:, None] * stride_dvt + dcol[None, :]
@@ -543,8 +530,9 @@ def _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale):
     return o, lse
 
 
-def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding):
-    """dq, dk, dv. key_padding: k/v may hold rows outside every sequence (their gradient is 0)."""
+def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding, deterministic):
+    """dq, dk, dv. key_padding: k/v may hold rows outside every sequence (their gradient is 0).
+    deterministic=False: dq by fp32 atomics in the dk/dv kernel instead of its own kernel."""
     total, h, d = q.shape
     total_k, h_kv, _ = k.shape
     batch = cu_q.numel() - 1
@@ -563,42 +551,48 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
         HAS_DLSE=dlse is not None, D=d, D_PAD=meta["D_PAD"], BLOCK_T=64,
     )
     common = (batch, _search_steps(batch), group)
-    grid_q = lambda m: (batch + total // m["BLOCK_M"], h)  # noqa: E731
-    _dq_kernel[grid_q](
-        q, k, v, do, lse_s, delta, dq, cu_q, cu_k,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-        dq.stride(0), dq.stride(1), total, *common, scale, scale * _LOG2E, key_stride, key_offset, window,
-        _size_class(total, h), **meta, **_meta(32, 16),
-    )
+    if deterministic:
+        grid_q = lambda m: (batch + total // m["BLOCK_M"], h)  # noqa: E731
+        _dq_kernel[grid_q](
+            q, k, v, do, lse_s, delta, dq, cu_q, cu_k,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+            dq.stride(0), dq.stride(1), total, *common, scale, scale * _LOG2E, key_stride, key_offset, window,
+            _size_class(total, h), **meta, **_meta(32, 16),
+        )
+        dq_acc = torch.empty((1, 1, 1), dtype=torch.float32, device=q.device)  # unused (zeroed while autotuning)
+    else:
+        dq_acc = torch.zeros((total, h, d), dtype=torch.float32, device=q.device)
     chunks = _num_query_chunks(total, total_k, batch, h_kv, group, window, q.device)
     # fp32 partials per query chunk, summed in a fixed order below (deterministic).
     dk_out = dk[None] if chunks == 1 else alloc((chunks, total_k, h_kv, d), dtype=torch.float32, device=q.device)
     dv_out = dv[None] if chunks == 1 else alloc((chunks, total_k, h_kv, d), dtype=torch.float32, device=q.device)
     grid_k = lambda m: (batch + total_k // m["BLOCK_N"], h_kv, chunks)  # noqa: E731
     _dkdv_kernel[grid_k](
-        q, k, v, do, lse_s, delta, dk_out, dv_out, cu_q, cu_k,
+        q, k, v, do, lse_s, delta, dk_out, dv_out, dq_acc, cu_q, cu_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-        *dk_out.stride()[:3], *dv_out.stride()[:3], total,
+        *dk_out.stride()[:3], *dv_out.stride()[:3], dq_acc.stride(0), dq_acc.stride(1), total,
         *common, triton.cdiv(total, chunks), scale, scale * _LOG2E, key_stride, key_offset, window,
-        _size_class(total, h), **meta, **_meta(16, 32),
+        _size_class(total, h), FUSE_DQ=not deterministic, **meta, **_meta(16, 32),
     )
     if chunks > 1:
         dk.copy_(dk_out.sum(0))
         dv.copy_(dv_out.sum(0))
+    if not deterministic:
+        dq.copy_(dq_acc.mul_(scale))
     return dq, dk, dv
 
 
 class FlashAttention(torch.autograd.Function):
-    """(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding) -> (o, lse).
+    """(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding, deterministic) -> (o, lse).
 
     See the module doc; key_padding: k/v rows past cu_k[-1] exist (compressed buffers).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding):
+    def forward(ctx, q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding, deterministic):
         o, lse = _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale)
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-        ctx.params = (key_stride, key_offset, window, scale, key_padding)
+        ctx.params = (key_stride, key_offset, window, scale, key_padding, deterministic)
         return o, lse
 
     @staticmethod
@@ -607,7 +601,7 @@ class FlashAttention(torch.autograd.Function):
         do = do.contiguous() if do.stride(-1) != 1 else do
         dlse = dlse.contiguous() if dlse is not None else None
         dq, dk, dv = _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, *ctx.params)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def flash_attention(
@@ -622,6 +616,7 @@ def flash_attention(
     kernel_size: int | None = None,
     kernel_stride: int | None = None,
     scale: float | None = None,
+    deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen GQA attention with a window or compressed-key mask (module doc), differentiable.
 
@@ -630,6 +625,10 @@ def flash_attention(
     mask="compressed": k/v [rows, h_kv, d] hold each sequence's compressed tokens at offsets
     cu_seqlens_k (rows past cu_seqlens_k[-1] are never read; their gradient is 0); query t sees
     compressed j iff t >= j * kernel_stride + kernel_size - 1.
+    deterministic=False: the backward adds dq into an fp32 buffer with atomics inside the dk/dv
+    kernel (no separate dq kernel, which recomputes two of the five products); dq then varies
+    between runs by the fp32 rounding of the adds (~1e-6 relative), dk and dv stay bitwise
+    reproducible.
     Returns o [total_q, h, d] (q.dtype) and lse [total_q, h] fp32, natural log (-inf: no key seen).
     """
     if mask not in MASKS:
@@ -660,9 +659,10 @@ def flash_attention(
     if total >= NO_WINDOW or k.shape[0] >= NO_WINDOW:
         raise ValueError(f"at most {NO_WINDOW - 1} tokens per call (int32 positions), got {max(total, k.shape[0])}")
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[2])
-    if not math.isfinite(scale) or scale == 0:  # the backward works with lse / scale
-        raise ValueError(f"scale must be finite and non-zero, got {scale!r}")
+    if not math.isfinite(scale) or scale <= 0:  # the backward works with lse / scale and -inf masks
+        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     return FlashAttention.apply(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, key_stride, key_offset, window, float(scale), mask == "compressed"
+        q, k, v, cu_seqlens_q, cu_seqlens_k, key_stride, key_offset, window, float(scale), mask == "compressed",
+        bool(deterministic),
     )

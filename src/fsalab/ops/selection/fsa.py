@@ -10,7 +10,9 @@
            query batches per program, else one) and ``early_return`` switch the paper's two
            optimisations for its ablation (Fig. 9).
   backward dq partials (same grid and switches) + reduction; dK/dV block-major without atomics
-           (one program per (KV head, block) walking all its tokens); delta = rowsum(o * dO).
+           (the paper's code reuses NSA-ref's kernel, one program per (query head, block); here
+           one per (KV head, block) for all g heads, long rows split, as in ``fsa``);
+           delta = rowsum(o * dO) - dlse.
 
 ``selected_attention_fsa`` keeps the loop order and removes what the paper pays for: each
 entry stores its block's own (normalised o, lse) and the reduction merges them by log-sum-exp
@@ -159,26 +161,32 @@ def _launch_merge(pb, chunk, mode, obuf, lbuf, out, lse_out):
     )
 
 
-def _chunk_buffers(pb, chunks, per_entry_head: int, dtype, with_lse: bool):
-    """One partial buffer sized for the largest chunk, reused by every chunk."""
+def _chunk_buffers(pb, chunks, dtype, with_lse: bool):
+    """Partial buffers ([rows, d] in dtype, and [rows] fp32 lse) sized for the largest chunk
+    (rows = entries x heads), reused by every chunk."""
     rows = max(pb.entries(c.n_kv) * c.heads for c in chunks)
-    obuf = torch.empty(rows * per_entry_head, dtype=dtype, device=pb.q.device) if per_entry_head else None
+    obuf = torch.empty(rows * pb.d, dtype=dtype, device=pb.q.device)
     lbuf = torch.empty(rows, dtype=torch.float32, device=pb.q.device) if with_lse else None
     return obuf, lbuf
+
+
+def _work(pb: _Problem, tiles: plan.Tiles, cache: dict) -> plan.WorkList:
+    """The work list of NUM_MT tiles per item (chunks with the same item size share one)."""
+    per_item = tiles.tok * tiles.num_mt
+    if per_item not in cache:
+        cache[per_item] = plan.work_list(pb.index.row_ptr, pb.entries(pb.h_kv), per_item, min_one=False)
+    return cache[per_item]
 
 
 def _forward_fast(pb: _Problem):
     o = torch.empty_like(pb.q)
     lse = torch.empty(pb.total, pb.h, dtype=torch.float32, device=pb.q.device)
     chunks = plan.head_chunks(pb.h_kv, pb.g, pb.total * pb.topk * (pb.d * pb.q.element_size() + 4))
-    obuf, lbuf = _chunk_buffers(pb, chunks, pb.d, pb.q.dtype, True)
-    works = {}
+    obuf, lbuf = _chunk_buffers(pb, chunks, pb.q.dtype, True)
+    works: dict = {}
     for c in chunks:
         tiles = plan.fwd_tiles(c.heads, pb.D, pb.block_size, paper=False)
-        per_item = tiles.tok * tiles.num_mt
-        if per_item not in works:
-            works[per_item] = plan.work_list(pb.index.row_ptr, pb.entries(pb.h_kv), per_item, min_one=False)
-        _launch_partial(pb, c, tiles, FAST, obuf, lbuf, work=works[per_item])
+        _launch_partial(pb, c, tiles, FAST, obuf, lbuf, work=_work(pb, tiles, works))
         _launch_merge(pb, c, LSE, obuf, lbuf, o, lse)
     return o, lse
 
@@ -194,7 +202,7 @@ def _forward_paper(pb: _Problem, inner_loop: bool, early_return: bool):
     o = torch.empty_like(pb.q)
     lse = torch.empty(pb.total, pb.h, dtype=torch.float32, device=pb.q.device)
     chunks = plan.head_chunks(pb.h_kv, pb.g, pb.total * pb.topk * (pb.d * pb.q.element_size() + 4))
-    obuf, lbuf = _chunk_buffers(pb, chunks, pb.d, pb.q.dtype, True)
+    obuf, lbuf = _chunk_buffers(pb, chunks, pb.q.dtype, True)
     switches = _paper_switches(pb, early_return)
     tiles = plan.fwd_tiles(1, pb.D, pb.block_size, paper=True, inner_loop=inner_loop)
     for c in chunks:
@@ -209,44 +217,35 @@ def _delta(o, do, dlse):
     """delta [total, h] fp32 = rowsum(o * dO) - dlse."""
     total, h, d = o.shape
     delta = torch.empty(total, h, dtype=torch.float32, device=o.device)
-    block = 64
-    _delta_kernel[(triton.cdiv(total * h, block),)](
+    _delta_kernel[(triton.cdiv(total * h, 64),)](
         o, do, delta if dlse is None else dlse, delta, total * h, d,
-        HAS_DLSE=dlse is not None, BLOCK=block, D=max(16, plan.pow2(d)), num_warps=4,
+        HAS_DLSE=dlse is not None, BLOCK=64, D=max(16, plan.pow2(d)), num_warps=4,
     )
     return delta
 
 
-def _launch_dkdv(pb, chunk, tiles, do, lse, delta, dk, dv, *, dqbuf=None, work=None, slots=None, dkp=None, dvp=None):
-    """dK/dV of the chunk's KV heads (all g heads of each group): from a work list with split
-    rows, or one program per row (work=None). With dqbuf, also the dq partials."""
+def _launch_dkdv(pb, chunk, tiles, do, lse, delta, dk, dv, work, slots, dkp, dvp, dqbuf=None):
+    """dK/dV of the chunk's KV heads (all g heads of each group) from the split-row work list,
+    then the merge of split rows. With dqbuf, also the chunk's dq partials (fused)."""
     ix, tb = pb.index, pb.table
     r_begin, r_end = chunk.hk0 * pb.cap, (chunk.hk0 + chunk.n_kv) * pb.cap
-    if work is not None:
-        grid, num_mt = work.grid(pb.entries(chunk.n_kv), r_end - r_begin), work.per_item // tiles.tok
-        first, item_row, item_sub = work.first, work.item_row, work.item_sub
-    else:
-        grid, num_mt = r_end - r_begin, 0
-        first = item_row = item_sub = slots = ix.row_ptr
-    dummy = pb.q
-    _dkdv_kernel[(grid,)](
-        pb.q, pb.k, pb.v, do, lse, delta, dk, dv,
-        dummy if dqbuf is None else dqbuf, dummy if dkp is None else dkp, dummy if dvp is None else dvp,
+    num_kt = triton.cdiv(pb.block_size, tiles.block_n)
+    kt_programs = 1 if dqbuf is not None else num_kt  # dK/dV alone: one program per key sub-tile
+    _dkdv_kernel[(work.grid(pb.entries(chunk.n_kv), r_end - r_begin), kt_programs)](
+        pb.q, pb.k, pb.v, do, lse, delta, dk, dv, pb.q if dqbuf is None else dqbuf, dkp, dvp,
         ix.row_ptr, ix.token_ids, tb.start, tb.length,
-        first, item_row, item_sub, slots,
+        work.first, work.item_row, work.item_sub, slots,
         *_strides(pb),
-        r_begin, r_end, pb.cap, pb.g, 0, pb.g, pb.d, pb.block_size, pb.scale * _LOG2E, pb.scale,
-        G=pb.g, TOK=tiles.tok, BLOCK_M=tiles.block_m, NUM_MT=num_mt,
-        BLOCK_N=tiles.block_n, NUM_KT=triton.cdiv(pb.block_size, tiles.block_n), D=pb.D,
-        FUSED_DQ=dqbuf is not None, PREC=pb.prec,
+        r_begin, r_end, pb.cap, pb.g, pb.d, pb.block_size, pb.scale * _LOG2E, pb.scale,
+        G=pb.g, TOK=tiles.tok, BLOCK_M=tiles.block_m, NUM_MT=work.per_item // tiles.tok,
+        BLOCK_N=tiles.block_n, NUM_KT=num_kt, D=pb.D, FUSED_DQ=dqbuf is not None, PREC=pb.prec,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
-    if work is not None:
-        _dkdv_merge_kernel[(r_end - r_begin, triton.cdiv(pb.block_size, tiles.block_n))](
-            dkp, dvp, dk, dv, ix.row_ptr, slots, tb.start, tb.length,
-            pb.k.stride(0), pb.k.stride(1), r_begin, pb.cap, work.per_item, pb.block_size, pb.d,
-            BLOCK_N=tiles.block_n, D=pb.D, num_warps=4,
-        )
+    _dkdv_merge_kernel[(r_end - r_begin, num_kt)](
+        dkp, dvp, dk, dv, ix.row_ptr, slots, tb.start, tb.length,
+        pb.k.stride(0), pb.k.stride(1), r_begin, pb.cap, work.per_item, pb.block_size, pb.d,
+        BLOCK_N=tiles.block_n, D=pb.D, num_warps=4,
+    )
 
 
 def _split_work(pb, chunks, tiles):
@@ -260,48 +259,57 @@ def _split_work(pb, chunks, tiles):
     return work, slots, dkp, torch.empty_like(dkp)
 
 
+def _dkdv_all_heads(pb, do, lse, delta, dk, dv):
+    """dK/dV alone, every KV head in one launch (no dq buffer to bound)."""
+    everything = [plan.Chunk(0, pb.h_kv, 0, pb.g)]
+    tiles = plan.bwd_tiles(pb.g, pb.D, pb.block_size)
+    _launch_dkdv(pb, everything[0], tiles, do, lse, delta, dk, dv, *_split_work(pb, everything, tiles))
+
+
+def _dq_by_chunks(pb, do, lse, delta, dq, paper_switches=None, inner_loop=True):
+    """dq partials (_partial_kernel, DQ mode) and their sum, by head chunks: the paper's grid
+    (one query head per program) with paper_switches, else work lists over grouped heads."""
+    chunks = plan.head_chunks(pb.h_kv, pb.g, pb.total * pb.topk * pb.d * 4)
+    dqbuf, _ = _chunk_buffers(pb, chunks, torch.float32, False)
+    works: dict = {}
+    for c in chunks:
+        if paper_switches is not None:
+            tiles = plan.fwd_tiles(1, pb.D, pb.block_size, paper=True, dq=True, inner_loop=inner_loop)
+            _launch_partial(pb, c, tiles, DQ, dqbuf, None, paper_switches=paper_switches, do=do, lse=lse, delta=delta)
+        else:
+            tiles = plan.fwd_tiles(c.heads, pb.D, pb.block_size, paper=False, dq=True)
+            _launch_partial(pb, c, tiles, DQ, dqbuf, None, work=_work(pb, tiles, works), do=do, lse=lse, delta=delta)
+        _launch_merge(pb, c, SUM, dqbuf, None, dq, None)
+
+
 def _backward_fast(pb: _Problem, o, lse, do, dlse):
     delta = _delta(o, do, dlse)
     dq, dk, dv = torch.empty_like(pb.q), torch.empty_like(pb.k), torch.empty_like(pb.v)
     per_head = pb.total * pb.topk * pb.d * 4
-    tiles = plan.bwd_tiles(pb.g, pb.D, pb.block_size)
-    if plan.fits_whole_groups(pb.g, per_head):
-        # One pass: dK/dV of whole KV heads and the dq partials of all their heads.
-        chunks = plan.head_chunks(pb.h_kv, pb.g, per_head, allow_partial_groups=False)
-        dqbuf, _ = _chunk_buffers(pb, chunks, pb.d, torch.float32, False)
-        work, slots, dkp, dvp = _split_work(pb, chunks, tiles)
-        for c in chunks:
-            _launch_dkdv(pb, c, tiles, do, lse, delta, dk, dv, dqbuf=dqbuf, work=work, slots=slots, dkp=dkp, dvp=dvp)
-            _launch_merge(pb, c, SUM, dqbuf, None, dq, None)
+    if not plan.fits_whole_groups(per_head):
+        # A group's dq partials exceed the budget: dK/dV for all heads at once, dq by head chunks.
+        _dkdv_all_heads(pb, do, lse, delta, dk, dv)
+        _dq_by_chunks(pb, do, lse, delta, dq)
         return dq, dk, dv
-    # A group's dq partials exceed the budget: dK/dV for all heads at once, dq by head chunks.
-    everything = [plan.Chunk(0, pb.h_kv, 0, pb.g)]
-    work, slots, dkp, dvp = _split_work(pb, everything, tiles)
-    _launch_dkdv(pb, everything[0], tiles, do, lse, delta, dk, dv, work=work, slots=slots, dkp=dkp, dvp=dvp)
-    chunks = plan.head_chunks(pb.h_kv, pb.g, per_head)
-    dqbuf, _ = _chunk_buffers(pb, chunks, pb.d, torch.float32, False)
-    works = {}
+    # One pass: dK/dV of whole KV heads and the dq partials of all their heads.
+    chunks = plan.head_chunks(pb.h_kv, pb.g, per_head, allow_partial_groups=False)
+    dqbuf, _ = _chunk_buffers(pb, chunks, torch.float32, False)
+    tiles = plan.bwd_tiles(pb.g, pb.D, pb.block_size)
+    split = _split_work(pb, chunks, tiles)
     for c in chunks:
-        ftiles = plan.fwd_tiles(c.heads, pb.D, pb.block_size, paper=False, dq=True)
-        per_item = ftiles.tok * ftiles.num_mt
-        if per_item not in works:
-            works[per_item] = plan.work_list(pb.index.row_ptr, pb.entries(pb.h_kv), per_item, min_one=False)
-        _launch_partial(pb, c, ftiles, DQ, dqbuf, None, work=works[per_item], do=do, lse=lse, delta=delta)
+        _launch_dkdv(pb, c, tiles, do, lse, delta, dk, dv, *split, dqbuf=dqbuf)
         _launch_merge(pb, c, SUM, dqbuf, None, dq, None)
     return dq, dk, dv
 
 
 def _backward_paper(pb: _Problem, o, lse, do, dlse, inner_loop: bool, early_return: bool):
+    """dq partials on the paper's grid (with its switches) + reduction; dK/dV block-major. (The
+    paper's code reuses NSA-ref's dK/dV kernel, one program per (query head, block) walking all
+    of the block's tokens; here all g heads share a program and long rows are split, as in fsa.)"""
     delta = _delta(o, do, dlse)
     dq, dk, dv = torch.empty_like(pb.q), torch.empty_like(pb.k), torch.empty_like(pb.v)
-    chunks = plan.head_chunks(pb.h_kv, pb.g, pb.total * pb.topk * pb.d * 4)
-    dqbuf, _ = _chunk_buffers(pb, chunks, pb.d, torch.float32, False)
-    switches = _paper_switches(pb, early_return)
-    tiles = plan.fwd_tiles(1, pb.D, pb.block_size, paper=True, dq=True, inner_loop=inner_loop)
-    for c in chunks:
-        _launch_partial(pb, c, tiles, DQ, dqbuf, None, paper_switches=switches, do=do, lse=lse, delta=delta)
-        _launch_merge(pb, c, SUM, dqbuf, None, dq, None)
-    _launch_dkdv(pb, plan.Chunk(0, pb.h_kv, 0, pb.g), plan.bwd_tiles(pb.g, pb.D, pb.block_size), do, lse, delta, dk, dv)
+    _dq_by_chunks(pb, do, lse, delta, dq, _paper_switches(pb, early_return), inner_loop)
+    _dkdv_all_heads(pb, do, lse, delta, dk, dv)
     return dq, dk, dv
 
 

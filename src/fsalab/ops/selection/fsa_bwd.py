@@ -6,12 +6,16 @@ block it loads K/V once and walks the row's selecting tokens (TOK tokens x G hea
 as in ``fsa_fwd``), accumulating dK and dV in fp32 registers. With FUSED_DQ it also writes each
 entry's dq partial (scale * ds K) to the compact buffer, so q, dO, lse and delta are gathered
 once for both gradients; with several key sub-tiles the later ones add to the partial the first
-one wrote (same program, same layout, so no race).
+one wrote (same program, same layout, so no race). Without FUSED_DQ each key sub-tile gets its
+own program (grid axis 1) and the token loop is the only loop: the fp16 dK of the fsa_paper
+backward (128-key blocks, two sub-tiles walked in a loop around the token loop) came out wrong on
+the H200 while dV and the fused variant were right, with no difference under the interpreter.
 
-A row whose tokens are spread over several programs (NUM_MT > 0 and row length > TOK *
-NUM_MT; the sink block is selected by every token) writes fp32 dK/dV partials to its own slots
-(``fsa_plan.split_slots``) and ``_dkdv_merge_kernel`` sums them; every other row writes dK/dV
-directly. NUM_MT = 0 gives one program per row, which walks all of it (the paper's layout).
+Programs come from a work list of NUM_MT tiles per item with at least one item per row, so
+empty rows write zero dK/dV. A row whose tokens are spread over several programs (row length >
+TOK * NUM_MT; the sink block is selected by every token) writes fp32 dK/dV partials to its own
+slots (``fsa_plan.split_slots``) and ``_dkdv_merge_kernel`` sums them; every other row writes
+dK/dV directly.
 """
 
 from __future__ import annotations
@@ -28,88 +32,101 @@ def _dkdv_kernel(
     row_ptr, token_ids, blk_start, blk_len,
     first, item_row, item_sub, slot_first,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_lt,
-    r_begin, r_end, cap, g, j0, Gc, d, block_size, qk_scale, sm_scale,
+    r_begin, r_end, cap, g, d, block_size, qk_scale, sm_scale,
     G: tl.constexpr, TOK: tl.constexpr, BLOCK_M: tl.constexpr, NUM_MT: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_KT: tl.constexpr, D: tl.constexpr,
     FUSED_DQ: tl.constexpr, PREC: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    if NUM_MT > 0:
-        r, sub, ok = _work_item(pid, first, item_row, item_sub, r_begin, r_end)
-        if ok == 0:
-            return
-    else:
-        r = r_begin + pid
-        sub = 0
+    r, sub, ok = _work_item(tl.program_id(0), first, item_row, item_sub, r_begin, r_end)
+    if ok == 0:
+        return
     hk = r // cap
     gb = r - hk * cap
     p_row = tl.load(row_ptr + r)
     row_len = tl.load(row_ptr + r + 1) - p_row
-    if NUM_MT > 0:
-        c0 = sub * (TOK * NUM_MT)
-        n_mt = tl.maximum(tl.minimum(tl.cdiv(row_len - c0, TOK), NUM_MT), 0)
-        split = row_len > TOK * NUM_MT
-        slot = tl.load(slot_first + r) - tl.load(slot_first + r_begin) + sub
-    else:
-        c0 = 0
-        n_mt = tl.cdiv(row_len, TOK)
+    c0 = sub * (TOK * NUM_MT)
+    n_mt = tl.maximum(tl.minimum(tl.cdiv(row_len - c0, TOK), NUM_MT), 0)  # empty rows: 0 tiles, zero dK/dV
+    split = row_len > TOK * NUM_MT
+    slot = tl.load(slot_first + r) - tl.load(slot_first + r_begin) + sub
     base = tl.load(row_ptr + r_begin)
     kb = tl.load(blk_start + gb)
     kl = tl.load(blk_len + gb)
 
+    if FUSED_DQ:
+        # Sub-tiles in turn: the later ones add to the dq partial the first one wrote.
+        for kt in range(NUM_KT):
+            _dkdv_subtile(
+                q, k, v, do, lse, delta, dk, dv, dqbuf, dkp, dvp, token_ids,
+                stride_qt, stride_qh, stride_kt, stride_kh, stride_lt,
+                g, d, block_size, qk_scale, sm_scale, hk, p_row, row_len, c0, n_mt, split, slot, base, kb, kl, kt,
+                G, TOK, BLOCK_M, BLOCK_N, D, True, PREC,
+            )
+    else:
+        # dK/dV alone: one key sub-tile per program (grid axis 1), no loop around the token loop.
+        _dkdv_subtile(
+            q, k, v, do, lse, delta, dk, dv, dqbuf, dkp, dvp, token_ids,
+            stride_qt, stride_qh, stride_kt, stride_kh, stride_lt,
+            g, d, block_size, qk_scale, sm_scale, hk, p_row, row_len, c0, n_mt, split, slot, base, kb, kl,
+            tl.program_id(1), G, TOK, BLOCK_M, BLOCK_N, D, False, PREC,
+        )
+
+
+@triton.jit
+def _dkdv_subtile(
+    q, k, v, do, lse, delta, dk, dv, dqbuf, dkp, dvp, token_ids,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_lt,
+    g, d, block_size, qk_scale, sm_scale, hk, p_row, row_len, c0, n_mt, split, slot, base, kb, kl, kt,
+    G: tl.constexpr, TOK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+    FUSED_DQ: tl.constexpr, PREC: tl.constexpr,
+):
+    """dK/dV of key sub-tile kt of the block over the program's n_mt tiles of the row."""
     ii = tl.arange(0, BLOCK_M) // G  # token of each tile row
-    jj = tl.arange(0, BLOCK_M) % G  # head of each tile row
-    hq = hk * g + j0 + jj
-    hcol = jj
+    jj = tl.arange(0, BLOCK_M) % G  # head of each tile row (G = g: whole groups)
+    hq = hk * g + jj
     dd = tl.arange(0, D)
     dmask = dd < d
     cn = tl.arange(0, BLOCK_N)
-    for kt in range(NUM_KT):
-        c = kt * BLOCK_N + cn
-        kmask = (c < kl)[:, None] & dmask[None, :]
-        kp = (kb + c).to(tl.int64)[:, None] * stride_kt + hk * stride_kh + dd[None, :]
-        k_blk = tl.load(k + kp, mask=kmask, other=0.0)
-        v_blk = tl.load(v + kp, mask=kmask, other=0.0)
-        dk_acc = tl.zeros([BLOCK_N, D], tl.float32)
-        dv_acc = tl.zeros([BLOCK_N, D], tl.float32)
-        for mt in range(0, n_mt):
-            t0 = c0 + mt * TOK
-            valid = (ii < TOK) & (t0 + ii < row_len)
-            pos = p_row + t0 + ii
-            tok = tl.load(token_ids + pos, mask=valid, other=0)
-            tok64 = tok.to(tl.int64)
-            qp = tok64[:, None] * stride_qt + hq[:, None] * stride_qh + dd[None, :]
-            qmask = valid[:, None] & dmask[None, :]
-            q_t = tl.load(q + qp, mask=qmask, other=0.0)
-            do_t = tl.load(do + qp, mask=qmask, other=0.0)
-            lp = tok64 * stride_lt + hq
-            lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E
-            dl = tl.load(delta + lp, mask=valid, other=0.0)
-            live = valid[:, None] & (c < kl)[None, :] & ((kb + c)[None, :] <= tok[:, None])
-            s = tl.dot(q_t, tl.trans(k_blk), input_precision=PREC) * qk_scale
-            p = tl.exp2(tl.where(live, s, float("-inf")) - lse2[:, None])
-            dv_acc += tl.dot(tl.trans(p.to(do_t.dtype)), do_t, input_precision=PREC)
-            dp = tl.dot(do_t, tl.trans(v_blk), input_precision=PREC)
-            ds = p * (dp - dl[:, None])
-            dk_acc += tl.dot(tl.trans(ds.to(q_t.dtype)), q_t, input_precision=PREC)
-            if FUSED_DQ:
-                dq = tl.dot(ds.to(k_blk.dtype), k_blk, input_precision=PREC) * sm_scale
-                dqp = dqbuf + ((pos - base).to(tl.int64) * Gc + hcol)[:, None] * d + dd[None, :]
-                if kt > 0:
-                    dq += tl.load(dqp, mask=qmask, other=0.0)
-                tl.store(dqp, dq, mask=qmask)
-        dk_acc = dk_acc * sm_scale
-        if NUM_MT > 0:
-            if split:
-                so = (slot.to(tl.int64) * block_size + c)[:, None] * d + dd[None, :]
-                tl.store(dkp + so, dk_acc, mask=kmask)
-                tl.store(dvp + so, dv_acc, mask=kmask)
-            else:
-                tl.store(dk + kp, dk_acc.to(dk.dtype.element_ty), mask=kmask)
-                tl.store(dv + kp, dv_acc.to(dv.dtype.element_ty), mask=kmask)
-        else:
-            tl.store(dk + kp, dk_acc.to(dk.dtype.element_ty), mask=kmask)
-            tl.store(dv + kp, dv_acc.to(dv.dtype.element_ty), mask=kmask)
+    c = kt * BLOCK_N + cn
+    kmask = (c < kl)[:, None] & dmask[None, :]
+    kp = (kb + c).to(tl.int64)[:, None] * stride_kt + hk * stride_kh + dd[None, :]
+    k_blk = tl.load(k + kp, mask=kmask, other=0.0)
+    v_blk = tl.load(v + kp, mask=kmask, other=0.0)
+    dk_acc = tl.zeros([BLOCK_N, D], tl.float32)
+    dv_acc = tl.zeros([BLOCK_N, D], tl.float32)
+    for mt in range(0, n_mt):
+        t0 = c0 + mt * TOK
+        valid = (ii < TOK) & (t0 + ii < row_len)
+        pos = p_row + t0 + ii
+        tok = tl.load(token_ids + pos, mask=valid, other=0)
+        tok64 = tok.to(tl.int64)
+        qp = tok64[:, None] * stride_qt + hq[:, None] * stride_qh + dd[None, :]
+        qmask = valid[:, None] & dmask[None, :]
+        q_t = tl.load(q + qp, mask=qmask, other=0.0)
+        do_t = tl.load(do + qp, mask=qmask, other=0.0)
+        lp = tok64 * stride_lt + hq
+        lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E
+        dl = tl.load(delta + lp, mask=valid, other=0.0)
+        live = valid[:, None] & (c < kl)[None, :] & ((kb + c)[None, :] <= tok[:, None])
+        s = tl.dot(q_t, tl.trans(k_blk), input_precision=PREC) * qk_scale
+        p = tl.exp2(tl.where(live, s, float("-inf")) - lse2[:, None])
+        dv_acc += tl.dot(tl.trans(p.to(do_t.dtype)), do_t, input_precision=PREC)
+        dp = tl.dot(do_t, tl.trans(v_blk), input_precision=PREC)
+        ds = p * (dp - dl[:, None])
+        dk_acc += tl.dot(tl.trans(ds.to(q_t.dtype)), q_t, input_precision=PREC)
+        if FUSED_DQ:
+            dq = tl.dot(ds.to(k_blk.dtype), k_blk, input_precision=PREC) * sm_scale
+            dqp = dqbuf + ((pos - base).to(tl.int64) * G + jj)[:, None] * d + dd[None, :]
+            if kt > 0:
+                dq += tl.load(dqp, mask=qmask, other=0.0)
+            tl.store(dqp, dq, mask=qmask)
+    dk_acc = dk_acc * sm_scale
+    if split:
+        so = (slot.to(tl.int64) * block_size + c)[:, None] * d + dd[None, :]
+        tl.store(dkp + so, dk_acc, mask=kmask)
+        tl.store(dvp + so, dv_acc, mask=kmask)
+    else:
+        tl.store(dk + kp, dk_acc.to(dk.dtype.element_ty), mask=kmask)
+        tl.store(dv + kp, dv_acc.to(dv.dtype.element_ty), mask=kmask)
 
 
 @triton.jit

@@ -37,30 +37,6 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _fix_interpreter_index() -> None:
-    """Let the Triton interpreter use computed scalars as loop bounds under numpy >= 2.4
-    (it keeps scalars as 1-element arrays and converts them with int(array)).
-
-    Same idempotent patch (same flag) as ``selection/nsa.py``, ``compression.py``, ``flash.py``.
-    """
-    from triton.runtime import interpreter
-
-    patch = getattr(interpreter, "_patch_lang_tensor", None)
-    if patch is None or getattr(patch, "_fsalab_fixed", False):
-        return
-
-    def patched(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._fsalab_fixed = True
-    interpreter._patch_lang_tensor = patched
-
-
-if interpreting():
-    _fix_interpreter_index()
-
-
 def pow2(x: int) -> int:
     return triton.next_power_of_2(max(1, x))
 
@@ -95,14 +71,13 @@ class WorkList:
 
     first    int32 [rows + 1]: index of each row's first item (exclusive cumsum of item counts).
     item_row int32 [bound]: the row of each item.  item_sub int32 [bound]: its index in the row.
-    per_item tokens per item.  min_one: empty rows still get one item (to write zero dK/dV).
+    per_item tokens per item.
     """
 
     first: torch.Tensor
     item_row: torch.Tensor
     item_sub: torch.Tensor
     per_item: int
-    min_one: bool
 
     def grid(self, entries: int, rows: int) -> int:
         """Programs that cover every item of ``rows`` rows holding at most ``entries`` entries."""
@@ -110,6 +85,8 @@ class WorkList:
 
 
 def work_list(row_ptr: torch.Tensor, total_entries: int, per_item: int, min_one: bool) -> WorkList:
+    """Items of up to per_item tokens over all CSR rows (total_entries bounds row_ptr[-1]);
+    with min_one, empty rows still get one item (to write zero dK/dV)."""
     lens = row_ptr[1:] - row_ptr[:-1]
     n = (lens + (per_item - 1)) // per_item
     if min_one:
@@ -121,7 +98,7 @@ def work_list(row_ptr: torch.Tensor, total_entries: int, per_item: int, min_one:
     items = torch.arange(bound, dtype=torch.int32, device=row_ptr.device)
     item_row = torch.searchsorted(cum, items, right=True, out_int32=True)
     item_sub = items - first[item_row.clamp(max=rows - 1)]
-    return WorkList(first, item_row, item_sub, per_item, min_one)
+    return WorkList(first, item_row, item_sub, per_item)
 
 
 def split_slots(row_ptr: torch.Tensor, per_item: int) -> torch.Tensor:
@@ -174,8 +151,9 @@ def head_chunks(h_kv: int, g: int, per_head_bytes: int, allow_partial_groups: bo
     return [Chunk(hk, 1, j0, min(size, g - j0)) for hk in range(h_kv) for j0 in range(0, g, size)]
 
 
-def fits_whole_groups(g: int, per_head_bytes: int) -> bool:
-    return g * BUFFER_BUDGET_BYTES // max(1, per_head_bytes) >= g
+def fits_whole_groups(per_head_bytes: int) -> bool:
+    """Whether a chunk of whole groups keeps within the budget (per query head)."""
+    return per_head_bytes <= BUFFER_BUDGET_BYTES
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ Backward:
 
 Every loop loads the indices of its next step one iteration ahead (``PREFETCH``): the gathers of
 step i+1 then depend on a loop-carried value, not on a load of the same iteration, so Triton's
-pipeliner issues them (cp.async) while step i computes. Costs and measurements: docs/perf-log-nsa.md.
+pipeliner issues them (cp.async) while step i computes. ``prefetch=False`` in the host wrappers is
+the ablation timed by scripts/gpu/check_nsa.py. Costs and measurements: docs/perf-log-nsa.md.
 
 Shapes: q [total, h, d], k/v [total, h_kv, d], block_idx int32 [total, h_kv, topk] (local block
 ids, ascending, -1 padding), cu_seqlens int32 [batch + 1]. Outputs: o [total, h, d] in q.dtype,
@@ -39,36 +40,11 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
 
 
-def _fix_interpreter_index() -> None:
-    """Let the Triton interpreter use loaded scalars as loop bounds under numpy >= 2.4.
-
-    The interpreter keeps scalars as 1-element arrays and converts them with ``int(array)``,
-    which numpy 2.4 rejects; ``range(n_steps)`` over a loaded count then fails. Compiled
-    kernels are unaffected.
-    """
-    from triton.runtime import interpreter
-
-    patch = getattr(interpreter, "_patch_lang_tensor", None)
-    if patch is None or getattr(patch, "_fsalab_fixed", False):
-        return
-
-    def patched(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._fsalab_fixed = True
-    interpreter._patch_lang_tensor = patched
-
-
-if _INTERPRET:
-    _fix_interpreter_index()
-
-
 def _prune(configs, named_args, **kwargs):
     """Drop configs whose key tile exceeds the selection block (tiles never straddle blocks)."""
     block_size = kwargs.get("BLOCK_SIZE", named_args.get("BLOCK_SIZE"))
     kept = [c for c in configs if c.kwargs["BLOCK_N"] <= block_size]
-    return kept or [triton.Config({**configs[0].kwargs, "BLOCK_N": block_size}, num_warps=4, num_stages=2)]
+    return kept or [triton.Config({**configs[0].kwargs, "BLOCK_N": block_size}, num_warps=4, num_stages=3)]
 
 
 # Autotuning compiles every config once per (d, g, block_size, dtype): off under the interpreter, and
@@ -88,20 +64,20 @@ def _autotune(configs):
     return wrap
 
 
-def _launch_defaults(meta: dict, block_size: int, elem_bytes: int, kv_outer: bool) -> dict:
+def _launch_defaults(meta: dict, block_size: int, kv_outer: bool) -> dict:
     """Launch meta-parameters: {} when autotuned, else a config that fits any shape on sm_80+.
 
-    BLOCK_N = 64 keys (32 for d > 128, where [BLOCK_N, d] fp32 dk/dv accumulators spill), capped
-    by the block; KV-outer kernels take 8 warps and BLOCK_M = 64 rows (32 when fp32 rows of
-    d = 256 would overflow shared memory), query-outer ones 4 warps; two pipeline stages.
+    Query-outer kernels: BLOCK_N = 64 keys (32 for d > 128), 4 warps, two stages. The KV-outer
+    dk/dv kernel: 8 warps, BLOCK_M = 32 rows, BLOCK_N = 64 keys and four stages for d <= 128, 32
+    keys and three stages above (spill-free on sm_90 and within shared memory even for fp32).
+    BLOCK_N is capped by the block.
     """
     if _TUNE:
         return {}
     wide = meta["BLOCK_D"] > 128
-    out = dict(BLOCK_N=min(32 if wide else 64, block_size), num_stages=2, num_warps=8 if kv_outer else 4)
     if kv_outer:
-        out["BLOCK_M"] = 32 if wide and elem_bytes > 2 else 64
-    return out
+        return dict(BLOCK_M=32, BLOCK_N=min(32 if wide else 64, block_size), num_warps=8, num_stages=3 if wide else 4)
+    return dict(BLOCK_N=min(32 if wide else 64, block_size), num_warps=4, num_stages=2)
 
 
 def _cfg(block_n, warps, stages, block_m=None):
@@ -113,15 +89,14 @@ def _cfg(block_n, warps, stages, block_m=None):
 # (fwd, dq): [BLOCK_H, d] x [d, BLOCK_N] tiles whose K/V loads come mostly from L2, so the
 # configs trade pipeline depth (shared memory) against resident programs.
 _FWD_CONFIGS = [_cfg(64, 4, 2), _cfg(64, 4, 3), _cfg(64, 2, 3), _cfg(32, 4, 3)]
-_DQ_CONFIGS = [_cfg(64, 4, 2), _cfg(64, 4, 3), _cfg(64, 8, 2), _cfg(32, 4, 3), _cfg(32, 4, 4)]
-# KV-outer dk/dv kernel: [BLOCK_N, d] fp32 accumulators (dk, dv) stay in registers (8 warps: 4
-# spill at BLOCK_N = 64, d = 128), so one CTA per SM; the q/do row gathers come from HBM, so the
-# configs trade bytes in flight (BLOCK_M rows x stages) against shared memory. The last two are the
-# small-footprint picks (d = 256, fp32).
-_KV_CONFIGS = [
-    _cfg(64, 8, 2, 64), _cfg(64, 8, 3, 64), _cfg(64, 8, 2, 128), _cfg(64, 8, 4, 32), _cfg(32, 4, 3, 64),
-    _cfg(32, 4, 3, 32),
-]  # fmt: skip
+_DQ_CONFIGS = [_cfg(64, 4, 2), _cfg(64, 4, 3), _cfg(32, 4, 3), _cfg(32, 4, 4)]
+# KV-outer dk/dv kernel: [BLOCK_N, d] fp32 accumulators (dk, dv) stay in registers, so 8 warps
+# (16 are capped at 128 registers and spill) and one CTA per SM: nothing but the pipeline hides the
+# HBM latency of the q/do row gathers, so every config keeps >= 1 row chunk in flight while one
+# computes (stages >= 3; with 2, Triton waits for a chunk right after issuing it). Spills on sm_90
+# (ptxas, bf16): none for BLOCK_M = 32 at d <= 128, <= 100 bytes for BLOCK_M = 64; the last config
+# is the spill-free one at d = 256 (and the only one for 32-key blocks).
+_KV_CONFIGS = [_cfg(64, 8, 4, 32), _cfg(64, 8, 5, 32), _cfg(64, 8, 3, 64), _cfg(64, 8, 4, 64), _cfg(32, 8, 3, 32)]
 
 
 @triton.jit
@@ -426,7 +401,7 @@ def _forward(q, k, v, block_idx, cu_seqlens, block_size, scale, prefetch=True):
     meta = _kernel_meta(q, k, block_size)
     _fwd_kernel[(total, meta["H_KV"])](
         q, k, v, o, lse, block_idx, tok_start, scale * _LOG2E, PREFETCH=prefetch, **meta,
-        **_query_meta(block_idx, meta["G"]), **_launch_defaults(meta, block_size, q.element_size(), kv_outer=False),
+        **_query_meta(block_idx, meta["G"]), **_launch_defaults(meta, block_size, kv_outer=False),
     )  # fmt: skip
     return o, lse, tok_start
 
@@ -439,7 +414,7 @@ def _bwd_dq(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale, 
     _bwd_dq_kernel[(q.shape[0], meta["H_KV"])](
         q, k, v, o, do, lse, dlse if dlse is not None else lse, delta, dq, block_idx, tok_start,
         scale, scale * _LOG2E, HAS_DLSE=dlse is not None, PREFETCH=prefetch, **meta,
-        **_query_meta(block_idx, meta["G"]), **_launch_defaults(meta, block_size, q.element_size(), kv_outer=False),
+        **_query_meta(block_idx, meta["G"]), **_launch_defaults(meta, block_size, kv_outer=False),
     )  # fmt: skip
     return dq, delta
 
@@ -449,7 +424,8 @@ def _dkdv_plan(index: SelectionIndex, cu_seqlens: torch.Tensor, block_size: int,
 
     block_start/block_len int32 [capacity]: each global block's first key and key count;
     extra_ptr int32 [rows + 1]: exclusive prefix sum of each row's extra segments (beyond the
-    first); extra_row int32 [max_extra]: the row of each extra slot (rows for unused slots);
+    first); extra_row int32 [max(max_extra, 1)]: the row of each extra slot (num_rows for unused
+    slots);
     max_extra: host int, an upper bound on the extra segments (entries // seg).
     """
     device = index.row_ptr.device
@@ -478,7 +454,7 @@ def _bwd_dkdv(q, k, v, do, lse, delta, token_ids, row_ptr, plan, block_size, sca
     _bwd_dkdv_kernel[lambda launch: ((max_extra + num_rows) * (block_size // launch["BLOCK_N"]),)](
         q, k, v, do, lse, delta, dk, dv, token_ids, row_ptr, *common, buf_dk, buf_dv,
         scale, scale * _LOG2E, capacity, num_rows, max_extra, SEG=plan["seg"], PREFETCH=prefetch,
-        **meta, **_launch_defaults(meta, block_size, q.element_size(), kv_outer=True),
+        **meta, **_launch_defaults(meta, block_size, kv_outer=True),
     )  # fmt: skip
     if max_extra > 0:
         merge_n = 16  # block_size >= 16

@@ -42,8 +42,8 @@ def _tp_worker(rank: int, port: int, queue) -> None:
                       LOCAL_RANK=str(rank), TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     from fsalab import NSAConfig
     from fsalab.bench import prefill, train
-    from fsalab.parallel import fsdp, tp
     from fsalab.models import configs, patch
+    from fsalab.parallel import fsdp, tp
 
     device = fsdp.setup_device()
     results = []

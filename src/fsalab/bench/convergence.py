@@ -11,7 +11,7 @@ the task needs a single attention hop: a key-value pair split over two tokens ne
 circuit (two composed heads), which small models did not form within a few hundred steps.
 
 Model: the Llama architecture of ``fsalab.models.configs`` shrunk by ``model_overrides``
-(default 4 layers, hidden 256, 4 query / 2 KV heads of 64), with the same attention swap as
+(default 2 layers, hidden 256, 4 query / 2 KV heads of 64), with the same attention swap as
 the benchmarks. Parameters, gradients and AdamW state in ``dtype`` (bf16 by default, as the
 paper trains). One result row per impl (DESIGN §2 columns; op ``convergence``; median step
 time; the loss and accuracy curves under ``curve``, accuracy split into "far" queries, whose
@@ -38,7 +38,7 @@ from .train import (
 
 CONVERGENCE_DEFAULTS = {
     "model": "llama3-8b",
-    "layers": 4,
+    "layers": 2,
     "model_overrides": {
         "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4, "num_key_value_heads": 2,
         "vocab_size": 512, "bos_token_id": None, "eos_token_id": None,

@@ -44,8 +44,8 @@ PREFILL_DEFAULTS = {"layers": None}
 
 def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
     """Measure one prefill point; always returns a row."""
-    from ..parallel import fsdp, tp
     from ..models.patch import attention_context
+    from ..parallel import fsdp, tp
     from .provenance import detect_platform, provenance
 
     platform = platform or detect_platform()

@@ -363,8 +363,8 @@ def split_columns(parts: dict, layers: int, layers_full: int, train: bool, check
 
 def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
     """Measure one training-step point; always returns a row."""
-    from ..parallel import fsdp
     from ..models.patch import attention_context
+    from ..parallel import fsdp
     from .provenance import detect_platform, provenance
 
     platform = platform or detect_platform()

@@ -14,17 +14,16 @@ move to one shared module.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import pytest
 import torch
+from test_selection_index import random_block_idx, selected_blocks
 
 from fsalab.config import NSAConfig
 from fsalab.ops import reference
 from fsalab.ops.selection import fsa, fsa_plan, selected_attention
-from fsalab.testing import assert_close, make_batch
-from test_selection_index import random_block_idx, selected_blocks
+from fsalab.testing import assert_close, make_batch, poisoned_allocations
 
 PAPER_SWITCHES = [(True, True), (False, True), (True, False), (False, False)]  # (inner_loop, early_return)
 
@@ -33,22 +32,6 @@ def impl_fn(impl: str, inner_loop: bool = True, early_return: bool = True):
     if impl == "fsa":
         return fsa.selected_attention_fsa
     return functools.partial(fsa.selected_attention_fsa_paper, inner_loop=inner_loop, early_return=early_return)
-
-
-@contextlib.contextmanager
-def poisoned_allocations():
-    """torch.empty / empty_like return NaN-filled floating tensors while the kernels run."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def fill(t):
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = lambda *a, **kw: fill(empty(*a, **kw))
-    torch.empty_like = lambda *a, **kw: fill(empty_like(*a, **kw))
-    try:
-        yield
-    finally:
-        torch.empty, torch.empty_like = empty, empty_like
 
 
 def attention_and_grads(fn, q, k, v, block_idx, cu, block_size, do, dlse):

@@ -8,33 +8,15 @@ through the Triton interpreter.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
+from test_selection_index import random_block_idx, selected_blocks
 
 from fsalab.config import NSAConfig
 from fsalab.ops import reference
 from fsalab.ops.selection import nsa, selected_attention
 from fsalab.ops.selection.index import build_selection_index
-from fsalab.testing import assert_close, make_batch
-from test_selection_index import random_block_idx, selected_blocks
-
-
-@contextlib.contextmanager
-def poisoned_allocations():
-    """torch.empty / empty_like return NaN-filled floating tensors while the kernel runs."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def fill(t):
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = lambda *a, **kw: fill(empty(*a, **kw))
-    torch.empty_like = lambda *a, **kw: fill(empty_like(*a, **kw))
-    try:
-        yield
-    finally:
-        torch.empty, torch.empty_like = empty, empty_like
+from fsalab.testing import assert_close, make_batch, poisoned_allocations
 
 
 def attention_and_grads(q, k, v, block_idx, cu, block_size, do, dlse, impl):

@@ -3,6 +3,7 @@ NaN poisoning, and dtype-aware comparison against an fp32 reference."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +67,23 @@ def make_batch(
 def poison(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """An output buffer full of NaN: any element a kernel forgets to write shows up in the comparison."""
     return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
+
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """Within the block, torch.empty / empty_like return NaN-filled floating tensors, so any
+    element a kernel allocates but never writes shows up as NaN in the comparison."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def fill(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = lambda *a, **kw: fill(empty(*a, **kw))
+    torch.empty_like = lambda *a, **kw: fill(empty_like(*a, **kw))
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = empty, empty_like
 
 
 def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -31,10 +31,6 @@ from ..checks import check_cu_seqlens
 from ..config import NSAConfig
 from ..modules import NativeSparseAttention
 from ..modules.rope import rope_inv_freq
-from ..ops import compression_ops, selection_default, window_op
-from ..ops.reference import gated_sum
-from ..ops.selection import selected_attention
-from ..varlen import compressed_index, sequence_ids
 
 SELECTION_IMPLS = ("fsa", "fsa_paper", "nsa", "auto", "reference")
 # Full-attention baselines (DESIGN §2 impl names); "full" is the paper's baseline on H200: cuDNN.
@@ -114,26 +110,8 @@ def nsa_attend(
     Uses ``nsa``'s compression weights, gate projection, config and impl choices.
     Returns o [total, h, d] (before the output projection).
     """
-    total, h, _ = q.shape
-    cfg = nsa.cfg
-    check_cu_seqlens(cu_seqlens, total, x.device)
-    cmp = compression_ops(nsa.compression_impl, x.device)
-    k_cmp, v_cmp, cu_cmp = cmp.compress_kv(k, v, nsa.compress_k, nsa.compress_v, nsa.compress_pe, cu_seqlens, cfg)
-    k_cmp, v_cmp = k_cmp.to(q.dtype), v_cmp.to(q.dtype)
-    rows = k_cmp.shape[0]
-    # Compressed token j of sequence b starts at packed token cu_seqlens[b] + j * stride.
-    seq = sequence_ids(cu_cmp, rows).clamp(max=cu_seqlens.numel() - 2)
-    start = (cu_seqlens.long()[seq] + compressed_index(cu_cmp, rows) * cfg.kernel_stride).clamp(0, max(total - 1, 0))
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-    k_cmp = rotate(k_cmp, cos[start], sin[start])
-
-    o_cmp, lse_cmp = cmp.compressed_attention(q, k_cmp, v_cmp, cu_seqlens, cu_cmp, cfg)
-    block_idx = cmp.select_blocks(q, k_cmp, lse_cmp, cu_seqlens, cu_cmp, cfg)
-    selection = nsa.selection_impl or selection_default(x.device)
-    o_slc, _ = selected_attention(q, k, v, block_idx, cu_seqlens, cfg.block_size, impl=selection)
-    o_win, _ = window_op(nsa.window_impl, x.device)(q, k, v, cu_seqlens, cfg.window_size)
-    gates = nsa.gate_proj(x).view(total, h, 3)
-    return gated_sum(o_cmp.to(q.dtype), o_slc.to(q.dtype), o_win.to(q.dtype), gates)
+    check_cu_seqlens(cu_seqlens, q.shape[0], x.device)
+    return nsa.attend(q, k, v, x, cu_seqlens, lambda t, index: rotate(t, cos[index], sin[index]))
 
 
 class NSAAttentionAdapter(nn.Module):

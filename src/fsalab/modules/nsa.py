@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import nn
@@ -12,7 +13,7 @@ from ..config import NSAConfig
 from ..ops import compression_ops, selection_default, window_op
 from ..ops.reference import gated_sum
 from ..ops.selection import selected_attention
-from ..varlen import compressed_index, local_positions
+from ..varlen import compressed_index, local_positions, sequence_ids
 from .rope import apply_rope, rope_inv_freq
 
 
@@ -116,26 +117,51 @@ class NativeSparseAttention(nn.Module):
         if hidden != self.hidden_size:
             raise ValueError(f"hidden_states must have hidden size {self.hidden_size}, got {hidden}")
         check_cu_seqlens(cu_seqlens, total, x.device)
-        cfg, h, h_kv, d = self.cfg, self.num_heads, self.num_kv_heads, self.head_dim
+        h, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         q = self.q_proj(x).view(total, h, d)
         k = self.k_proj(x).view(total, h_kv, d)
         v = self.v_proj(x).view(total, h_kv, d)
 
+        o = self.attend(q, k, v, x, cu_seqlens)
+        return self.o_proj(o.reshape(total, h * d))
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        x: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """NSA's three branches and gates on projected q/k/v before RoPE; o [total, h, d].
+
+        q [total, h, d], k/v [total, h_kv, d]; x [total, hidden] feeds the gates.
+        ``rotate(t, token_index)`` applies the rotary embedding of packed token ``token_index[i]``
+        to row i of t; the default is this module's RoPE at local positions. Compressed keys are
+        rotated at the first raw token of their window.
+        """
+        total, h, _ = q.shape
+        cfg = self.cfg
         cmp = compression_ops(self.compression_impl, x.device)
         k_cmp, v_cmp, cu_cmp = cmp.compress_kv(k, v, self.compress_k, self.compress_v, self.compress_pe, cu_seqlens, cfg)
         k_cmp, v_cmp = k_cmp.to(q.dtype), v_cmp.to(q.dtype)
-        positions = local_positions(cu_seqlens, total)
-        cmp_positions = compressed_index(cu_cmp, k_cmp.shape[0]) * cfg.kernel_stride
-        q = apply_rope(q, positions, self.inv_freq)
-        k = apply_rope(k, positions, self.inv_freq)
-        k_cmp = apply_rope(k_cmp, cmp_positions, self.inv_freq)
+        if rotate is None:
+            positions = local_positions(cu_seqlens, total)
+
+            def rotate(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+                return apply_rope(t, positions[index], self.inv_freq)
+
+        rows = k_cmp.shape[0]
+        seq = sequence_ids(cu_cmp, rows).clamp(max=cu_seqlens.numel() - 2)
+        window_start = (cu_seqlens.long()[seq] + compressed_index(cu_cmp, rows) * cfg.kernel_stride).clamp(0, max(total - 1, 0))
+        tokens = torch.arange(total, device=q.device)
+        q, k, k_cmp = rotate(q, tokens), rotate(k, tokens), rotate(k_cmp, window_start)
 
         o_cmp, lse_cmp = cmp.compressed_attention(q, k_cmp, v_cmp, cu_seqlens, cu_cmp, cfg)
         block_idx = cmp.select_blocks(q, k_cmp, lse_cmp, cu_seqlens, cu_cmp, cfg)
         selection = self.selection_impl or selection_default(x.device)
         o_slc, _ = selected_attention(q, k, v, block_idx, cu_seqlens, cfg.block_size, impl=selection)
         o_win, _ = window_op(self.window_impl, x.device)(q, k, v, cu_seqlens, cfg.window_size)
-
         gates = self.gate_proj(x).view(total, h, 3)
-        o = gated_sum(o_cmp.to(q.dtype), o_slc.to(q.dtype), o_win.to(q.dtype), gates)
-        return self.o_proj(o.reshape(total, h * d))
+        return gated_sum(o_cmp.to(q.dtype), o_slc.to(q.dtype), o_win.to(q.dtype), gates)

@@ -16,6 +16,8 @@ STAMP := .fsalab-installed-active
 else
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.fsalab-installed
+# Workflow rules call `fsalab` and `snakemake` by name: find them in the venv.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 endif
 
 .PHONY: test repro setup clean

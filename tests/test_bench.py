@@ -35,14 +35,17 @@ def _result_schema():
 
 @pytest.mark.parametrize("name, smoke", [(n, False) for n in EXPERIMENTS] + [(n, True) for n in SMOKE_EXPERIMENTS])
 def test_experiment_configs_validate(name, smoke):
-    """Every experiment validates (defaults filled); kernel/theory grids expand to unique ids
-    (the end-to-end runners expand their own grids)."""
+    """Every experiment validates (defaults filled); kernel, theory and end-to-end grids expand
+    to unique ids."""
     exp = grid.load_experiment(name, smoke=smoke)
     assert exp["feeds"] and exp["timing"]["method"] in timing.METHODS  # defaults filled in
-    if exp["runner"] not in ("kernel", "theory"):
+    if exp["runner"] not in ("kernel", "theory", *grid.E2E_RUNNERS):
         return
     points = grid.expand(exp)
     assert points and len({p["id"] for p in points}) == len(points)
+    if exp["runner"] in grid.E2E_RUNNERS:
+        op = grid.E2E_RUNNERS[exp["runner"]][0]
+        assert all(p["op"] == op and p["model"] and p["id"].startswith(op.replace("_", "")) for p in points)
     if exp["runner"] == "kernel":
         assert all(p["dtype"] in ("float16", "bfloat16", "float32") and "batch" in p for p in points)
 
@@ -190,3 +193,23 @@ def test_cli_option_flag_reaches_the_impl(tmp_path):
     row = json.loads(out.read_text())
     assert row["options"] == {"inner_loop": False} and row["point"].endswith("-innerloop0")
     assert row["status"] == "unsupported" and "inner_loop" in row["message"]
+
+
+def test_smoke_e2e_points_give_valid_rows(tmp_path):
+    """One smoke point each of train and prefill through their command lines (as the workflow
+    runs them), then the aggregate: schema-valid rows with the DESIGN columns."""
+    from fsalab.bench import prefill, train
+
+    for name, runner in (("train", train), ("prefill", prefill)):
+        exp = grid.load_experiment(name, smoke=True)
+        point = next(p for p in grid.expand(exp) if p["impl"] == "reference")
+        assert [p["id"] for p in train.expand(exp, grid.e2e_base(name))] == [p["id"] for p in grid.expand(exp)]
+        out = tmp_path / "cpu-test" / name / f"{point['id']}.json"
+        assert runner.main(["--experiment", name, "--smoke", "--point", point["id"], "--platform", "cpu-test",
+                            "--out", str(out)]) == 0
+        df = results.to_frame(results.load_rows("cpu-test", name, tmp_path))  # schema-checked
+        assert list(df.columns[: len(results.COLUMNS)]) == list(results.COLUMNS)
+        row = df.iloc[0]
+        assert row["status"] == "ok" and row["median_ms"] > 0 and row["model"] == point["model"]
+        assert row["attention_ms_per_layer"] > 0 and row["full_depth_ms"] >= row["median_ms"]
+        assert results.aggregate("cpu-test", name, tmp_path).is_file()

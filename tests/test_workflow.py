@@ -48,6 +48,7 @@ def test_dry_run(profile):
         assert "bench_point" in text
     if profile == "smoke":
         assert "bench_kernel" in text and "aggregate" in text
+        assert all(f"bench_{e}" in text for e in ("train", "prefill", "convergence"))
 
 
 @pytest.mark.skipif(os.environ.get("FSALAB_E2E") == "0", reason="FSALAB_E2E=0 skips the smoke workflow end to end")
@@ -59,9 +60,10 @@ def test_smoke_end_to_end(tmp_path):
                      cwd=tmp_path, timeout=1800)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     plat = tmp_path / "results" / "cpu-interpret"
-    for exp in ("theory", "kernel", "breakdown", "ablation", "buffers", "longctx"):
+    for exp in ("theory", "kernel", "breakdown", "ablation", "buffers", "longctx", "train", "prefill", "convergence"):
         assert (plat / f"{exp}.csv").is_file()
     for fig in ("theory/figure2.png", "kernel/figure4_fwd.png", "breakdown/figure8.png", "ablation/figure9.png",
-                "buffers/table5.md", "longctx/tables6_7.md"):
+                "buffers/table5.md", "longctx/tables6_7.md", "e2e/figure5.png", "e2e/figure6.png",
+                "e2e/figure10.png", "e2e/convergence.png"):
         assert (plat / "figures" / fig).is_file(), fig
     assert "| Theorem (§3.5) |" in (plat / "REPRODUCTION.md").read_text()

@@ -10,7 +10,7 @@ rule aggregate:
         "logs/{platform}/aggregate_{experiment}.log",
     wildcard_constraints:
         platform=PLATFORM,
-        experiment="|".join(KERNEL_EXPERIMENTS) or "^$",
+        experiment="|".join(POINT_EXPERIMENTS) or "^$",
     conda:
         "../envs/fsalab.yaml"
     shell:

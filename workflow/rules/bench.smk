@@ -1,4 +1,5 @@
-"""Measurements: one job per grid point; the theory table in one job."""
+"""Measurements: one job per grid point (kernel, dram and the end-to-end runners train, prefill,
+convergence); the theory table in one job."""
 
 
 if not BATCH_POINTS:
@@ -10,7 +11,7 @@ if not BATCH_POINTS:
             "logs/{platform}/{experiment}/{point}.log",
         wildcard_constraints:
             platform=PLATFORM,
-            experiment="|".join(KERNEL_EXPERIMENTS) or "^$",
+            experiment="|".join(POINT_EXPERIMENTS) or "^$",
         params:
             smoke=SMOKE_FLAG,
             command=lambda wc: bench_command(wc.experiment),
@@ -26,7 +27,7 @@ if not BATCH_POINTS:
 else:
     # batch_points: one process per experiment writes every point file (same files, no
     # per-point interpreter start-up; the smoke profile uses it to keep CI fast).
-    for _exp in KERNEL_EXPERIMENTS:
+    for _exp in POINT_EXPERIMENTS:
 
         rule:
             name:

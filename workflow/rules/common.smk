@@ -43,9 +43,11 @@ def _platform():
 PLATFORM = _platform()
 FIGURES_PLATFORM = config["figures_platform"]
 EXPERIMENTS = {name: grid.load_experiment(name, smoke=SMOKE) for name in config["experiments"]}
-# Experiments measured point by point with `fsalab bench-<runner>` (one result file per point).
-KERNEL_EXPERIMENTS = [n for n, e in EXPERIMENTS.items() if e["runner"] in ("kernel", "dram")]
-POINTS = {n: [p["id"] for p in grid.expand(EXPERIMENTS[n])] for n in KERNEL_EXPERIMENTS}
+# Experiments measured point by point with `fsalab bench-<runner>` (one result file per point):
+# kernel, dram and the end-to-end runners train, prefill, convergence.
+POINT_RUNNERS = ("kernel", "dram", "train", "prefill", "convergence")
+POINT_EXPERIMENTS = [n for n, e in EXPERIMENTS.items() if e["runner"] in POINT_RUNNERS]
+POINTS = {n: [p["id"] for p in grid.expand(EXPERIMENTS[n])] for n in POINT_EXPERIMENTS}
 if config.get("point_filter"):
     import re
 
@@ -106,7 +108,7 @@ def all_targets():
 
 
 def bench_command(experiment):
-    """`fsalab` subcommand of an experiment's runner (bench-kernel, bench-dram)."""
+    """`fsalab` subcommand of an experiment's runner (bench-kernel, bench-dram, bench-train, ...)."""
     return f"bench-{EXPERIMENTS[experiment]['runner']}"
 
 

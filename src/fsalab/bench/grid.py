@@ -21,6 +21,11 @@ import yaml
 
 KERNEL_REQUIRED = ("op", "impl", "direction", "N", "g")
 THEORY_REQUIRED = ("N", "g", "cost_model")
+E2E_REQUIRED = ("op", "model", "impl", "N", "dtype")
+# End-to-end runners: op and default dtype of their points (their other defaults live in the
+# runner modules: fsalab.bench.train.DEFAULTS plus the runner's own).
+E2E_RUNNERS = {"train": ("train_step", "bfloat16"), "prefill": ("prefill", "float16"),
+               "convergence": ("convergence", "bfloat16")}
 # The checkout this package is installed from (editable install); results and configs live there.
 REPO_ROOT = Path(__file__).resolve().parents[3]
 _DTYPE_TAGS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
@@ -150,11 +155,49 @@ def _expand_subgrid(sub: dict) -> list[dict]:
     return points
 
 
-def expand(exp: dict) -> list[dict]:
+def e2e_base(runner: str) -> dict:
+    """Point defaults of an end-to-end runner (train, prefill, convergence)."""
+    from . import train
+
+    op, dtype = E2E_RUNNERS[runner]
+    extra = {}
+    if runner == "prefill":
+        from .prefill import PREFILL_DEFAULTS as extra
+    elif runner == "convergence":
+        from .convergence import CONVERGENCE_DEFAULTS as extra
+    return {**copy.deepcopy(train.DEFAULTS), **copy.deepcopy(extra), "op": op, "dtype": dtype}
+
+
+def _expand_e2e(exp: dict, base: dict | None = None) -> list[dict]:
+    """Points of an end-to-end experiment: runner defaults <- ``base`` <- exp defaults <- each
+    sub-grid's values; ids from ``fsalab.bench.train.point_id`` (the runners' own)."""
+    from .train import point_id as e2e_point_id
+
+    start = {**e2e_base(exp["runner"]), **copy.deepcopy(base or {})}
+    points, seen = [], set()
+    for i, sub in enumerate(exp["grid"]):
+        for raw in _expand_subgrid(sub):
+            p = {**copy.deepcopy(start), **copy.deepcopy(exp.get("defaults", {})), **raw}
+            missing = [k for k in E2E_REQUIRED if p.get(k) is None]
+            if missing:
+                raise ValueError(f"{exp['experiment']} grid[{i}]: point {raw} lacks {missing}")
+            p["experiment"] = exp["experiment"]
+            p["id"] = e2e_point_id(p)
+            if p["id"] not in seen:
+                seen.add(p["id"])
+                points.append(p)
+    return points
+
+
+def expand(exp: dict, base: dict | None = None) -> list[dict]:
     """Every point of the experiment's grid, validated, with ``id`` and ``experiment`` set.
 
     Raises ValueError for a point that lacks a required parameter or duplicates another's id.
+    End-to-end runners (train, prefill, convergence) start from their runner's defaults
+    (``base`` overrides them).
     """
+    if exp["runner"] in E2E_RUNNERS:
+        return _expand_e2e(exp, base)
     schema = load_schema("experiment")
     params_schema = {"$defs": schema["$defs"], **schema["$defs"]["params"]}
     required = THEORY_REQUIRED if exp["runner"] == "theory" else KERNEL_REQUIRED

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import itertools
 import json
 import math
 import os
@@ -76,24 +75,11 @@ def repo_root() -> Path:
 
 
 def load_experiment(name_or_path: str | Path, smoke: bool = False) -> dict:
-    """``experiments/<name>.yaml`` (or a path); with ``smoke`` its entry of experiments/smoke.yaml
-    replaces the grid and updates defaults and timing (tiny CPU shapes)."""
-    path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
-        path = repo_root() / "experiments" / f"{name_or_path}.yaml"
-    exp = yaml.safe_load(path.read_text())
-    for key in ("experiment", "runner", "grid"):
-        if key not in exp:
-            raise ValueError(f"{path}: missing key {key!r}")
-    if smoke:
-        entries = yaml.safe_load((repo_root() / "experiments" / "smoke.yaml").read_text())["experiments"]
-        if exp["experiment"] not in entries:
-            raise ValueError(f"experiments/smoke.yaml has no entry for experiment {exp['experiment']!r}")
-        over = entries[exp["experiment"]]
-        exp = {**exp, **{k: v for k, v in over.items() if k not in ("defaults", "timing")}}
-        for key in ("defaults", "timing"):
-            exp[key] = {**exp.get(key, {}), **over.get(key, {})}
-    return exp
+    """``experiments/<name>.yaml`` (or a path), validated by ``fsalab.bench.grid`` (with ``smoke``
+    its entry of experiments/smoke.yaml merged over it)."""
+    from .grid import load_experiment as load
+
+    return load(name_or_path, smoke=smoke)
 
 
 def point_id(p: dict) -> str:
@@ -109,25 +95,11 @@ def point_id(p: dict) -> str:
 
 
 def expand(exp: dict, base: dict | None = None) -> list[dict]:
-    """The experiment's points: DEFAULTS <- ``base`` (runner defaults) <- exp defaults <- each
-    sub-grid's cross product (a mapping value is merged into the point), ``experiment`` and
-    ``id`` set."""
-    points, seen = [], set()
-    for sub in exp["grid"]:
-        keys = list(sub)
-        for combo in itertools.product(*(sub[k] for k in keys)):
-            p = {**copy.deepcopy(DEFAULTS), **copy.deepcopy(base or {}), **copy.deepcopy(exp.get("defaults", {}))}
-            for key, value in zip(keys, combo):
-                p.update(copy.deepcopy(value) if isinstance(value, dict) else {key: value})
-            missing = [k for k in ("op", "model", "impl", "N", "dtype") if k not in p]
-            if missing:
-                raise ValueError(f"{exp['experiment']}: point {p} lacks {missing}")
-            p["experiment"] = exp["experiment"]
-            p["id"] = point_id(p)
-            if p["id"] not in seen:
-                seen.add(p["id"])
-                points.append(p)
-    return points
+    """The experiment's points (``fsalab.bench.grid.expand``): runner defaults <- ``base`` <- exp
+    defaults <- each sub-grid's values, ``experiment`` and ``id`` set."""
+    from .grid import expand as grid_expand
+
+    return grid_expand(exp, base)
 
 
 def nsa_config_of(p: dict):
@@ -477,6 +449,7 @@ def add_point_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--point", help="a point id of the experiment")
     ap.add_argument("--all", action="store_true", help="every point of the experiment, in this process")
     ap.add_argument("--list", action="store_true", help="print the experiment's point ids")
+    ap.add_argument("--filter", default=".", help="with --all: only point ids matching this regular expression")
     ap.add_argument("--smoke", action="store_true", help="the experiment's tiny entry in experiments/smoke.yaml")
     ap.add_argument("--skip-existing", action="store_true")
     ap.add_argument("--results-dir", default=None, help="default: <repo>/results")
@@ -505,7 +478,7 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
     from .kernel import result_path, write_row
     from .provenance import detect_platform
 
-    exp = load_experiment(args.experiment, args.smoke) if args.experiment else {"experiment": op, "grid": []}
+    exp = load_experiment(args.experiment, args.smoke) if args.experiment else {"experiment": op, "runner": {"train_step": "train"}.get(op, op), "grid": []}
     base = {**(defaults or {}), "op": op, "dtype": default_dtype}
     if args.list:
         for p in expand(exp, base):
@@ -518,6 +491,8 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
         if not args.experiment:
             ap.error("--point/--all need --experiment")
         points = expand(exp, base)
+        if args.all:
+            points = [p for p in points if re.search(args.filter, p["id"])]
         if args.point:
             points = [p for p in points if p["id"] == args.point]
             if not points:

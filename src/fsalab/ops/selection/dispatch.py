@@ -17,6 +17,7 @@ Profiling synchronises the device once per new key; the steady state adds no hos
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -65,10 +66,19 @@ def _store(key: str, impl: str) -> None:
     os.replace(tmp, path)
 
 
+@functools.lru_cache(maxsize=None)
+def _gpu_name(index: int) -> str:
+    # Queried once per device: the key is built on every call, on the launch path.
+    return torch.cuda.get_device_name(index)
+
+
 def shape_key(q: torch.Tensor, k: torch.Tensor, block_idx: torch.Tensor, block_size: int) -> str:
     total, h, d = q.shape
     h_kv, topk = k.shape[1], block_idx.shape[2]
-    device = torch.cuda.get_device_name(q.device) if q.device.type == "cuda" else q.device.type
+    if q.device.type == "cuda":
+        device = _gpu_name(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    else:
+        device = q.device.type
     bucket = 1 << max(0, (max(total, 1) - 1).bit_length())
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k))
     return f"{device}|{str(q.dtype).removeprefix('torch.')}|g{h // h_kv}|hkv{h_kv}|d{d}|B{block_size}|T{topk}|N{bucket}|grad{int(grad)}"

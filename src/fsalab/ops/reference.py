@@ -63,9 +63,9 @@ def _softmax_attend(
     (natural log); rows that see no key give o = 0 and lse = -inf with finite gradients.
     """
     kv = "hmd" if k.dim() == 3 else "chmd"
-    if k.shape[-2] == 0:  # no keys at all (e.g. no sequence long enough to compress)
-        return q.new_zeros(q.shape[:3] + (v.shape[-1],)) + 0 * q.sum(), q.new_full(q.shape[:3], float("-inf"))
     s = torch.einsum(f"chgd,{kv}->chgm", q, k) * scale
+    if s.shape[-1] == 0:  # no keys at all (no sequence long enough to compress): o = 0, still in the graph
+        return torch.einsum(f"chgm,{kv}->chgd", s, v), s.new_full(s.shape[:3], float("-inf"))
     s = s.masked_fill(~mask, float("-inf"))
     # Shift by the row max for stability; the shift is a constant of the softmax, so detaching it is exact.
     m = s.amax(-1, keepdim=True).detach()

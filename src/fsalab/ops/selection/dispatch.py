@@ -27,8 +27,9 @@ import torch
 
 CANDIDATES = ("fsa", "nsa")
 # Without profiling (CPU, or FSALAB_DISPATCH=rules): FSA's loop order wins when a group has few
-# heads to batch per token; NSA's once g fills the MMA rows. Threshold from the H200 grid in
-# results/h200/ (see docs/perf-log.md).
+# heads to batch per token; NSA's once g fills the MMA rows. On the H200 grid
+# (results/h200/kernel.csv) this picks the fwd+bwd winner between fsa and nsa at every point;
+# see docs/perf-log.md.
 RULE_MAX_G_FOR_FSA = 8
 
 _memory: dict[str, str] = {}

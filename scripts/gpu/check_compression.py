@@ -94,6 +94,60 @@ def check_select(lengths, g, cfg, dtype, gen):
     return f"ok ({exact}/{total * H_KV} rows identical, {near} near-tie rows)"
 
 
+def check_select_long(n, g, cfg, gen):
+    """select_blocks on one sequence of n tokens against the fp32 reference, rows checked in slices
+    (the dense [n, h_kv, n / B] score table is built once; sorting it whole would not fit)."""
+    cu = cu_seqlens_of([n], DEV)
+    q = torch.randn(n, H_KV * g, D, generator=gen, device=DEV).to(torch.bfloat16)
+    k_cmp = torch.randn(n // cfg.kernel_stride, H_KV, D, generator=gen, device=DEV).to(torch.bfloat16)
+    cu_cmp = compressed_cu_seqlens(cu, cfg.kernel_size, cfg.kernel_stride)
+    _, lse = reference.compressed_attention(q, k_cmp, k_cmp, cu, cu_cmp, cfg)
+    got = select_blocks(q, k_cmp, lse.float(), cu, cu_cmp, cfg)
+    expected = reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
+    scores = reference.block_scores(q, k_cmp, lse, cu, cu_cmp, cfg)
+    del q, k_cmp, lse
+    near, rows = 0, 8192
+    for lo in range(0, n, rows):
+        hi = min(n, lo + rows)
+        near += check_selection(got[lo:hi], expected[lo:hi], scores[lo:hi], cu, cfg,
+                                positions=torch.arange(lo, hi, device=DEV))
+    exact = int((got == expected).all(-1).sum())
+    return f"ok ({exact}/{n * H_KV} rows identical, {near} near-tie rows)"
+
+
+def long_correctness(sizes, gen) -> list[str]:
+    """Compression + top-k at long context: compress_kv forward and select_blocks for g in {1, 16}."""
+    failures = []
+    cases = []
+    for n in sizes:
+        cases.append((f"compress_kv fwd N={n} bf16", lambda n=n: check_compress_fwd(n, gen)))
+        for g, (bs, topk) in ((1, (64, 16)), (16, (64, 16)), (4, (128, 8))):
+            cases.append((f"select_blocks N={n} g={g} ({bs},{topk}) bf16",
+                          lambda n=n, g=g, bs=bs, topk=topk: check_select_long(n, g, NSAConfig(block_size=bs, topk=topk), gen)))
+    for name, fn in cases:
+        t = time.time()
+        try:
+            print(f"[check] {name}: {fn()} [{time.time() - t:.0f} s]", flush=True)
+        except Exception as exc:
+            failures.append(name)
+            print(f"[FAIL] {name}: {exc}", flush=True)
+            traceback.print_exc()
+        torch.cuda.empty_cache()
+    return failures
+
+
+def check_compress_fwd(n, gen):
+    cfg = NSAConfig()
+    params, cu = compress_params([n], H_KV, D, cfg, torch.bfloat16, gen, grad=False)
+    outs = compress_kv(*params, cu, cfg)[:2]
+    ref = reference.compress_kv(*params, cu, cfg)[:2]
+    with reference.native_precision():
+        nat = reference.compress_kv(*params, cu, cfg)[:2]
+    for name, a, b, c in zip(("k_cmp", "v_cmp"), outs, ref, nat):
+        assert_close(a, b, c, name=name)
+    return "ok (k_cmp, v_cmp)"
+
+
 def correctness(gen) -> list[str]:
     failures = []
     cases = []
@@ -208,6 +262,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write timing rows here")
     parser.add_argument("--budget", type=float, default=210.0, help="seconds for the whole run; later timing points are skipped")
     parser.add_argument("--sizes", type=int, nargs="+", default=[8192, 16384, 32768, 65536, 131072, 262144])
+    parser.add_argument("--long", type=int, nargs="*", default=None,
+                        help="only the long-context correctness checks, at these lengths (e.g. 131072 262144)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
@@ -217,6 +273,10 @@ def main() -> int:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     gen = torch.Generator(device=DEV).manual_seed(0)
     t0 = time.time()
+    if args.long is not None:
+        failures = long_correctness(args.long or [131072, 262144], gen)
+        print("FAILED: " + ", ".join(failures) if failures else "all long-context checks passed", flush=True)
+        return 1 if failures else 0
     failures = correctness(gen)
     print(f"[check] correctness phase: {time.time() - t0:.1f} s, {len(failures)} failure(s)", flush=True)
     t1 = time.time()

@@ -126,14 +126,18 @@ def assert_close(
         raise AssertionError(f"{name}: max error {err:.3e} exceeds bound {bound:.3e} (dtype {dtype}, ref scale {scale:.3e})")
 
 
-def check_selection(block_idx: torch.Tensor, expected: torch.Tensor, scores: torch.Tensor, cu_seqlens: torch.Tensor, cfg: NSAConfig, rtol: float = 1e-4) -> int:
+def check_selection(block_idx: torch.Tensor, expected: torch.Tensor, scores: torch.Tensor, cu_seqlens: torch.Tensor, cfg: NSAConfig, rtol: float = 1e-4, positions: torch.Tensor | None = None) -> int:
     """Assert block_idx is a valid top-T under ``scores``; equal to ``expected`` where no near-tie.
 
+    ``positions`` (int64 [rows], default: from ``cu_seqlens``) gives each row's position inside
+    its sequence, so that long batches can be checked a slice of rows at a time.
     Returns the number of (token, head) rows that had a near-tie at the top-T boundary.
     """
     total, h_kv, topk = block_idx.shape
     nb = scores.shape[-1]
-    own = (local_positions(cu_seqlens, total) // cfg.block_size)[:, None, None]
+    if positions is None:
+        positions = local_positions(cu_seqlens, total)
+    own = (positions // cfg.block_size)[:, None, None]
     valid = block_idx >= 0
     idx = block_idx.long()
     assert (valid.sum(-1) == torch.clamp(own[..., 0] + 1, max=topk)).all(), "wrong number of selected blocks"

@@ -1,0 +1,90 @@
+"""Where the time of a short selected-attention call goes: host (launch path) vs device (kernels).
+
+For each impl at the kernel experiment's points (default: g = 1, (64, 16), 8K and 64K, fwd and
+bwd): the do_bench median (what results/h200/kernel.csv reports), the host time to enqueue
+one call (mean over 50 calls queued back to back, no synchronisation between them: the
+GPU queue never fills at these sizes), and the device time (sum of the CUDA kernels' durations
+per call, from torch.profiler), with the number of kernels launched per call. When the host
+time exceeds the device time the call is launch-bound and the median sits on the host time.
+
+    python scripts/gpu/profile_launch.py [--impls fsa,nsa,fsa_paper] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from triton.testing import do_bench
+
+from fsalab.bench import grid, ops
+from fsalab.bench.inputs import make_inputs
+from fsalab.bench.kernel import _timed_callable, _value_checks_off
+
+CALLS = 50
+
+
+def host_ms(fn) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(CALLS):
+        fn()
+    host = (time.perf_counter() - t) / CALLS * 1e3
+    torch.cuda.synchronize()
+    return host
+
+
+def device_ms(fn) -> tuple[float, float]:
+    """(sum of kernel durations per call in ms, kernels per call)."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total_us = sum(e.device_time for e in kernels)
+    return total_us / 10 / 1e3, len(kernels) / 10
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--impls", default="fsa,nsa,fsa_paper")
+    ap.add_argument("--filter", default=r"^selected-(IMPL)-(fwd|bwd)-N(8192|65536)-b1-hkv4-g1-d128-B64-T16-bf16$")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    exp = grid.load_experiment("kernel")
+    pattern = args.filter.replace("IMPL", args.impls.replace(",", "|").replace("_", ""))
+    # Sorted by size so that points sharing inputs run back to back (inputs are cached by key).
+    points = sorted((p for p in grid.expand(exp) if re.search(pattern, p["id"])), key=lambda p: p["N"])
+    rows = []
+    device = torch.device("cuda")
+    for p in points:
+        bound = ops.bind(p["op"], p["impl"], p.get("options") or {})
+        x = make_inputs(p, device)
+        with _value_checks_off():
+            fn = _timed_callable(bound, x, p["direction"], p["seed"])
+            for _ in range(3):
+                fn()
+            med = do_bench(fn, warmup=25, rep=100, return_mode="median")
+            host = host_ms(fn)
+            dev, kernels = device_ms(fn)
+        row = {"point": p["id"], "impl": p["impl"], "direction": p["direction"], "N": p["N"], "median_ms": med,
+               "host_ms": host, "device_ms": dev, "kernels_per_call": kernels}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"\n{'point':62s} {'median':>8s} {'host':>8s} {'device':>8s} {'kernels':>8s}")
+    for r in rows:
+        print(f"{r['point']:62s} {r['median_ms']:8.3f} {r['host_ms']:8.3f} {r['device_ms']:8.3f} {r['kernels_per_call']:8.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,3 +29,40 @@ def test_module_forward_backward_without_host_sync(selection, monkeypatch, tmp_p
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
+
+
+# Ops that read a device value back to the host (item(), bool(), nonzero, ...). On CPU they
+# cost nothing, but the same call on CUDA would block the host until the GPU catches up.
+_SYNCING_OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
+                "aten._unique2.default", "aten.unique_consecutive.default"}
+
+
+@pytest.mark.parametrize("selection", ["nsa", "fsa", "fsa_paper"])
+def test_module_path_reads_no_device_values(selection, monkeypatch):
+    """CPU stand-in for the GPU test above: with value checks off (on CUDA they are asynchronous
+    device asserts) the module's forward and backward call no op that reads values to the host."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+    seen = []
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func) in _SYNCING_OPS:
+                seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=4, window_size=32)
+    module = NativeSparseAttention(64, 4, 2, config=cfg, selection_impl=selection, compression_impl="triton",
+                                   window_impl="triton", dtype=torch.float16)
+    x = torch.randn(163, 64, dtype=torch.float16, requires_grad=True)
+    with Recorder():
+        module(x, cu_seqlens_of([100, 60, 3], "cpu")).float().sum().backward()
+    assert not seen, f"host-reading ops on the module path: {sorted(set(seen))}"
+
+
+def test_module_buffers_live_on_the_requested_device():
+    """A buffer left on the CPU would be copied to the GPU (synchronously) on every call."""
+    module = NativeSparseAttention(64, 4, 2, device="meta", dtype=torch.float16)
+    assert {t.device.type for t in (*module.parameters(), *module.buffers())} == {"meta"}

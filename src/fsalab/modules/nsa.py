@@ -63,7 +63,9 @@ class NativeSparseAttention(nn.Module):
         self.compress_k = nn.Parameter(torch.empty(num_kv_heads, l * d, d, **factory))
         self.compress_v = nn.Parameter(torch.empty(num_kv_heads, l * d, d, **factory))
         self.compress_pe = nn.Parameter(torch.empty(num_kv_heads, l, d, **factory))
-        self.register_buffer("inv_freq", rope_inv_freq(d, rope_theta, rope_scaling), persistent=False)
+        # On the module's device: a CPU buffer would be copied to the GPU (a host sync) every call.
+        inv_freq = rope_inv_freq(d, rope_theta, rope_scaling).to(device)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.reset_compression_parameters()
 
     def reset_compression_parameters(self) -> None:

@@ -7,6 +7,8 @@ point. Implementations live in their own modules and are looked up by name:
 - ``nsa``: NSA's query-outer Triton kernel (``nsa.py``).
 - ``fsa_paper`` / ``fsa``: FSA's KV-block-outer kernels (``fsa.py``).
 - ``auto``: the dispatcher's pick for the shape (``dispatch.py``).
+- ``fla_nsa``: a peer baseline, fla-core's NSA kernels (``fla_nsa.py``; g = 16 only, needs the
+  optional ``fla-core`` package, ``pip install 'fsalab[peers]'``).
 
 Every implementation takes q [total, h, d], k/v [total, h_kv, d], block_idx int32
 [total, h_kv, topk], cu_seqlens int32 [batch + 1] and returns (o [total, h, d] in q's dtype,
@@ -29,6 +31,7 @@ IMPLS: dict[str, tuple[str, str]] = {
     "fsa_paper": ("fsalab.ops.selection.fsa", "selected_attention_fsa_paper"),
     "fsa": ("fsalab.ops.selection.fsa", "selected_attention_fsa"),
     "auto": ("fsalab.ops.selection.dispatch", "selected_attention_auto"),
+    "fla_nsa": ("fsalab.ops.selection.fla_nsa", "selected_attention_fla"),
 }
 
 

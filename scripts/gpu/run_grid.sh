@@ -19,5 +19,5 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" results
 python3 -m fsalab.cli env | head -20
 timeout --signal=INT "$budget" python3 -m fsalab.cli "$runner" --experiment "$exp" --all --skip-existing \
-  --filter "$filter" --results-dir results "$@" 2>&1 | tee -a "$OUT/grid-$exp.log" | grep -v ": exists, skipped" | tail -n 400 | cut -c1-160
+  --filter="$filter" --results-dir results "$@" 2>&1 | tee -a "$OUT/grid-$exp.log" | grep -v ": exists, skipped" | tail -n 400 | cut -c1-160
 tar -czf "$OUT/results.tgz" results

@@ -74,7 +74,8 @@ def save(fig: plt.Figure, ctx: Context, name: str) -> list[Path]:
     """Save ``fig`` as ``<figures>/<name>.png`` and ``.pdf``; returns the paths."""
     paths = [ctx.figures_dir / f"{name}.{ext}" for ext in ("png", "pdf")]
     for p in paths:
-        fig.savefig(p)
+        # No creation date in the PDF: regenerating unchanged results leaves the files unchanged.
+        fig.savefig(p, metadata={"CreationDate": None} if p.suffix == ".pdf" else None)
     return paths
 
 

@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
     # Must be set before triton is first imported anywhere.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
 ON_GPU = torch.cuda.is_available()
 

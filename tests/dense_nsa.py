@@ -54,7 +54,7 @@ def dense_block_weights(n_cmp: int, n_blocks: int, cfg: NSAConfig) -> torch.Tens
 
 def dense_topk(scores: torch.Tensor, cfg: NSAConfig) -> torch.Tensor:
     """scores [h_kv, n, n_blocks] (float64) -> block ids [n, h_kv, topk] with the NSA rules, -1 padded."""
-    h_kv, n, n_blocks = scores.shape
+    h_kv, n, _ = scores.shape
     out = torch.full((n, h_kv, cfg.topk), -1, dtype=torch.int32)
     for t in range(n):
         own = t // cfg.block_size

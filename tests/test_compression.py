@@ -105,7 +105,7 @@ def test_compress_kv_single_token(gen):
     *params, cu = compress_inputs([1], 1, 64, DEFAULT, torch.float32, gen)
     k_cmp, v_cmp, cu_cmp = compress_kv(*params, cu, DEFAULT)
     assert k_cmp.shape == (0, 1, 64) and cu_cmp.tolist() == [0, 0]
-    dk, dv, dw_k, dw_v, dpe = grads((k_cmp, v_cmp), params, [torch.ones_like(k_cmp), torch.ones_like(v_cmp)])
+    dk, _, dw_k, _, dpe = grads((k_cmp, v_cmp), params, [torch.ones_like(k_cmp), torch.ones_like(v_cmp)])
     assert (dk == 0).all() and (dw_k == 0).all() and (dpe == 0).all()
 
 

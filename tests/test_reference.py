@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
-
 from dense_nsa import dense_nsa_sequence
+
 from fsalab.config import NSAConfig
 from fsalab.ops import reference
 from fsalab.testing import make_batch, random_lengths

@@ -79,7 +79,7 @@ def reference_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, block_siz
             token_ids.append(t)
             entry_slot.append(s)
         row_ptr.append(len(token_ids))
-    as_i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    as_i32 = lambda x: torch.tensor(x, dtype=torch.int32)
     return as_i32(offsets), as_i32(row_ptr), as_i32(token_ids), as_i32(entry_slot), slot_pos, capacity
 
 

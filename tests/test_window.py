@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_flash import check_attention, poison_buffers  # noqa: F401  (autouse fixture)
 
 from fsalab.ops import reference, window
 from fsalab.testing import assert_close, make_batch
-from test_flash import check_attention, poison_buffers  # noqa: F401  (autouse fixture)
 
 
 def _check(lengths, h, h_kv, d, w, dtype, seed, device, backend="triton", grads=True):
@@ -67,6 +67,6 @@ def test_gpu_backends(backend, dtype, seed, device):
         lambda q, k, v: reference.window_attention(q, k, v, b.cu_seqlens, w),
         (b.q, b.k, b.v), dtype, seed,
     )
-    o, lse = window.window_attention(b.q.to(dtype), b.k.to(dtype), b.v.to(dtype), b.cu_seqlens, w, backend="flash_attn")
+    _, lse = window.window_attention(b.q.to(dtype), b.k.to(dtype), b.v.to(dtype), b.cu_seqlens, w, backend="flash_attn")
     _, rl = reference.window_attention(b.q.to(dtype), b.k.to(dtype), b.v.to(dtype), b.cu_seqlens, w)
     assert_close(lse, rl, dtype=dtype, name="lse")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """GPU check of ops/compression.py: compress_kv and select_blocks.
 
 1. Correctness in bf16 and fp16 against ops/reference.py at 8K and 32K tokens (packed varlen):
@@ -33,11 +32,11 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
-from fsalab.config import NSAConfig  # noqa: E402
-from fsalab.ops import reference  # noqa: E402
-from fsalab.ops.compression import compress_kv, select_blocks  # noqa: E402
-from fsalab.testing import assert_close, check_selection, cu_seqlens_of  # noqa: E402
-from fsalab.varlen import compressed_cu_seqlens, local_positions  # noqa: E402
+from fsalab.config import NSAConfig
+from fsalab.ops import reference
+from fsalab.ops.compression import compress_kv, select_blocks
+from fsalab.testing import assert_close, check_selection, cu_seqlens_of
+from fsalab.varlen import compressed_cu_seqlens, local_positions
 
 DEV = torch.device("cuda")
 H_KV, D = 4, 128
@@ -128,7 +127,7 @@ def long_correctness(sizes, gen) -> list[str]:
         t = time.time()
         try:
             print(f"[check] {name}: {fn()} [{time.time() - t:.0f} s]", flush=True)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - report the failing case and go on
             failures.append(name)
             print(f"[FAIL] {name}: {exc}", flush=True)
             traceback.print_exc()
@@ -164,7 +163,7 @@ def correctness(gen) -> list[str]:
     for name, fn in cases:
         try:
             print(f"[check] {name}: {fn()}", flush=True)
-        except Exception as exc:  # report every failing case, then exit non-zero
+        except Exception as exc:  # noqa: BLE001 - report the failing case and go on
             failures.append(name)
             print(f"[FAIL] {name}: {exc}", flush=True)
             traceback.print_exc()
@@ -229,7 +228,7 @@ def timing(sizes, deadline, gen) -> list[dict]:
         for impl, fn in (("triton", compress_kv), ("torch", reference.compress_kv)):
             native = reference.native_precision if impl == "torch" else contextlib.nullcontext
 
-            def fwd(fn=fn, native=native):
+            def fwd(fn=fn, native=native, plain=plain, cu=cu):
                 with native():
                     return fn(*plain, cu, cfg)
 
@@ -238,7 +237,8 @@ def timing(sizes, deadline, gen) -> list[dict]:
                 outs = fn(*params, cu, cfg)[:2]
             ups = [torch.randn_like(o) for o in outs]
             record(op="compress_kv", impl=impl, direction="bwd", N=n, status="ok",
-                   median_ms=bench(lambda outs=outs, ups=ups: torch.autograd.grad(outs, params, ups, retain_graph=True)))
+                   median_ms=bench(lambda outs=outs, ups=ups, params=params: torch.autograd.grad(outs, params, ups,
+                                                                                          retain_graph=True)))
             del outs, ups
         del params, plain
         torch.cuda.empty_cache()
@@ -246,12 +246,13 @@ def timing(sizes, deadline, gen) -> list[dict]:
     for n in sizes:
         for g in (1, 4, 16):
             for bs, topk in PAIRS:
-                point = dict(op="select_blocks", impl="triton", direction="fwd", N=n, g=g, block_size=bs, topk=topk)
+                point = {"op": "select_blocks", "impl": "triton", "direction": "fwd", "N": n, "g": g, "block_size": bs,
+                         "topk": topk}
                 if time.time() > deadline:
                     record(**point, status="skipped (time budget)")
                     continue
                 args = select_args(n, g, NSAConfig(block_size=bs, topk=topk))
-                record(**point, median_ms=bench(lambda: select_blocks(*args)), status="ok")
+                record(**point, median_ms=bench(lambda args=args: select_blocks(*args)), status="ok")
                 del args
             torch.cuda.empty_cache()
     return rows

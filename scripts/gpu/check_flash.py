@@ -157,10 +157,10 @@ def time_case(mode, impl, n, g, rows, h_kv=4, d=128):
     fn = op_of(mode, impl, cu, cu_k)
     flops = 4.0 * pairs(mode, n) * g * h_kv * d
     try:
-        fwd = bench(lambda: fn(q, k, v))
+        fwd = bench(lambda q=q, k=k, v=v: fn(q, k, v))
         o = fn(q, k, v)[0]
         do = torch.randn_like(o)
-        bwd = bench(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+        bwd = bench(lambda q=q, k=k, v=v, o=o, do=do: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
         rows.append({"op": mode, "impl": impl, "N": n, "g": g, "fwd_ms": fwd, "bwd_ms": bwd,
                      "fwd_tflops": flops / fwd * 1e-9, "bwd_tflops": 2.5 * flops / bwd * 1e-9})
     except (RuntimeError, ValueError) as exc:
@@ -246,14 +246,14 @@ def correctness(has_fa: bool) -> tuple[bool, list]:
     for i, case in enumerate(CASES + (FA_CASES if has_fa else [])):
         try:
             ok &= check_case(*case, seed=1000 + i, rows=rows)
-        except Exception as exc:  # a crash is a failure of that case, reported with the rest
+        except Exception as exc:  # noqa: BLE001 - report the failing case and go on
             rows.append((case[0], "-", float("nan"), float("nan"), f"FAIL: {type(exc).__name__}: {exc}"))
             ok = False
     for name, mode, lengths, g, h_kv in (("determinism window 8K varlen g4", "window", [1, 700, 3000, 4491], 4, 2),
                                          ("determinism compressed 32K g16", "compressed", [32768], 16, 1)):
         try:
             ok &= check_determinism(name, mode, lengths, g, h_kv, 7, rows)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - report the failing case and go on
             rows.append((name, "-", float("nan"), float("nan"), f"FAIL: {type(exc).__name__}: {exc}"))
             ok = False
     return ok, rows
@@ -345,7 +345,7 @@ def main() -> int:
                                  ("full", "triton", 32768, 4)):
             try:
                 breakdown(mode, impl, n, g, parts)
-            except Exception as exc:  # the profiler is a diagnostic; its failure fails nothing
+            except Exception as exc:  # noqa: BLE001 - report the failing case and go on
                 print(f"breakdown {mode} {impl} {n} g{g} failed: {type(exc).__name__}: {exc}")
         print("\nbackward breakdown: GPU ms per kernel (torch.profiler), bf16, h_kv=4, d=128")
         print(f"{'op':10s} {'impl':13s} {'N':>6s} {'g':>3s} {'stats':>8s} {'dq':>8s} {'dkdv':>8s} {'other':>8s}"

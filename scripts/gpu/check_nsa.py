@@ -202,7 +202,7 @@ def main() -> int:
         ("bf16 8K g4 d128 fwd+bwd", [8192], 4, 2, 128, torch.bfloat16, default, True),
         ("fp16 8K varlen g5 d96 fwd+bwd", [1, 700, 3000, 4491], 5, 2, 96, torch.float16, default, True),
         ("bf16 8K 50 short+1 long g16 fwd+bwd", [5] * 40 + [100] * 10 + [7000], 16, 2, 128, torch.bfloat16, default,
-         True),  # fmt: skip
+         True),
         ("bf16 32K varlen g8 d128 fwd", [20000, 12768], 8, 4, 128, torch.bfloat16, default, False),
         ("bf16 32K g1 d128 fwd", [32768], 1, 4, 128, torch.bfloat16, default, False),
         ("bf16 32K g16 d128 fwd", [32768], 16, 4, 128, torch.bfloat16, default, False),

@@ -9,6 +9,7 @@ PDF; every table as Markdown and CSV.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +18,12 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: notebooks run under nbclient without a display
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
 
-from . import results  # noqa: E402
-from .bench.grid import repo_root  # noqa: E402
+from . import results
+from .bench.grid import repo_root
 
 # One colour per implementation across every figure.
 PALETTE = {
@@ -105,7 +106,7 @@ def label_bars(ax: plt.Axes, fmt: str = "{:.2g}", fontsize: int = 6) -> None:
     """Write each bar's height above it (nothing for missing or zero bars)."""
     for container in ax.containers:
         heights = [b.get_height() for b in container]
-        ax.bar_label(container, labels=[fmt.format(h) if h == h and h > 0 else "" for h in heights],
+        ax.bar_label(container, labels=[fmt.format(h) if not math.isnan(h) and h > 0 else "" for h in heights],
                      fontsize=fontsize, padding=1)
 
 

@@ -63,7 +63,7 @@ def speedups(df: pd.DataFrame, op: str = "nsa_attention", fsa: str = "fsa", nsa:
 def stat(series: pd.Series) -> dict:
     """max and arithmetic mean of the finite values (None when there are none)."""
     s = pd.to_numeric(series, errors="coerce").dropna()
-    return {"max": float(s.max()), "mean": float(s.mean()), "n": int(len(s))} if len(s) else {"max": None, "mean": None, "n": 0}
+    return {"max": float(s.max()), "mean": float(s.mean()), "n": len(s)} if len(s) else {"max": None, "mean": None, "n": 0}
 
 
 def branch_breakdown(df: pd.DataFrame, impls=("fsa", "nsa")) -> pd.DataFrame:

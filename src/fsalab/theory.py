@@ -58,7 +58,7 @@ class Cost:
     memory_bytes: float
     flops: float
 
-    def __add__(self, other: "Cost") -> "Cost":
+    def __add__(self, other: Cost) -> Cost:
         return Cost(self.memory_bytes + other.memory_bytes, self.flops + other.flops)
 
 

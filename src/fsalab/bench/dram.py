@@ -107,7 +107,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
         cmd = [ncu, "--clock-control", "none", "--metrics", ",".join(METRICS), "--csv", "--nvtx",
                "--nvtx-include", f"{RANGE}/", "--target-processes", "all",
                sys.executable, "-m", "fsalab.bench.dram", "--target", json.dumps(p)]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)  # status read below
         kernels = parse_ncu_csv(out.stdout)
         if out.returncode != 0 or not kernels:
             raise RuntimeError(f"ncu exit {out.returncode}; no kernel metrics. stderr: {out.stderr[-2000:]}")

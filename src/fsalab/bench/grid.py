@@ -18,7 +18,6 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-
 KERNEL_REQUIRED = ("op", "impl", "direction", "N", "g")
 THEORY_REQUIRED = ("N", "g", "cost_model")
 E2E_REQUIRED = ("op", "model", "impl", "N", "dtype")

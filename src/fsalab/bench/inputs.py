@@ -71,7 +71,7 @@ class Inputs:
     def device(self) -> torch.device:
         return self.tensors["q"].device
 
-    def prefix(self, m: int) -> "Inputs":
+    def prefix(self, m: int) -> Inputs:
         """The first m tokens as one sequence. For causal ops outputs on these rows depend only
         on them, so a reference run on the prefix checks the full run's first m rows exactly."""
         per_token = {"q", "k", "v", "gate"}

@@ -21,8 +21,8 @@ The reference side is what the correctness check compares against (``fsalab.ops.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 

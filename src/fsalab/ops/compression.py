@@ -38,7 +38,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import KERNEL_DTYPES, MAX_HEAD_DIM, check_attention_inputs, check_cu_seqlens, check_tensor
+from ..checks import (
+    KERNEL_DTYPES,
+    MAX_HEAD_DIM,
+    check_attention_inputs,
+    check_cu_seqlens,
+    check_tensor,
+)
 from ..config import NSAConfig
 from ..varlen import compressed_capacity, compressed_cu_seqlens
 
@@ -257,8 +263,8 @@ def _compress_dx_kernel(
 
 
 def _tiles(d: int, cfg: NSAConfig, dtype: torch.dtype, rows: int) -> dict:
-    return dict(HEAD_DIM=d, L=cfg.kernel_size, S=cfg.kernel_stride, DOT_PREC=_dot_precision(dtype),
-                size_bucket=rows.bit_length())
+    return {"HEAD_DIM": d, "L": cfg.kernel_size, "S": cfg.kernel_stride, "DOT_PREC": _dot_precision(dtype),
+            "size_bucket": rows.bit_length()}
 
 
 class _CompressKV(torch.autograd.Function):
@@ -271,7 +277,7 @@ class _CompressKV(torch.autograd.Function):
         tab = torch.empty((3, rows), dtype=torch.int32, device=k.device)
         if rows:
             batch = cu_seqlens.numel() - 1
-            grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]), h_kv, 2 * triton.cdiv(d, meta["BLOCK_N"]))  # noqa: E731
+            grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]), h_kv, 2 * triton.cdiv(d, meta["BLOCK_N"]))
             _compress_fwd_kernel[grid](
                 k, v, w_k, w_v, pe, k_cmp, v_cmp, cu_seqlens, cu_cmp, tab, *_strides(k, v), w_k.stride(0), w_k.stride(1),
                 pe.stride(0), k_cmp.stride(0), k_cmp.stride(1), rows, batch, _search_steps(batch),
@@ -285,7 +291,7 @@ class _CompressKV(torch.autograd.Function):
     def backward(ctx, dk_cmp, dv_cmp):
         k, v, w_k, w_v, pe, cu_cmp, tab = ctx.saved_tensors
         cfg = ctx.cfg
-        total, h_kv, d = k.shape
+        _, h_kv, d = k.shape
         rows = dk_cmp.shape[0]
         need_x = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         need_w = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
@@ -297,14 +303,14 @@ class _CompressKV(torch.autograd.Function):
         dw_v = torch.zeros_like(w_v) if need_w else None
         tiles = _tiles(d, cfg, k.dtype, rows)
         if need_x and rows:
-            grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]), 2 * h_kv, triton.cdiv(cfg.kernel_stride * d, meta["BLOCK_Y"]))  # noqa: E731
+            grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]), 2 * h_kv, triton.cdiv(cfg.kernel_stride * d, meta["BLOCK_Y"]))
             _compress_dx_kernel[grid](
                 dk_cmp, dv_cmp, w_k, w_v, dk, dv, tab, dk_cmp.stride(0), dk_cmp.stride(1), w_k.stride(0), w_k.stride(1),
                 dk.stride(0), dk.stride(1), rows, **tiles, **_meta(BLOCK_R=64, BLOCK_Y=1024, BLOCK_K=_next_pow2(max(d, 16))),
             )
         if need_w and rows:
             lx = cfg.kernel_size * d
-            grid = lambda meta: (triton.cdiv(lx, meta["BLOCK_X"]), triton.cdiv(d, meta["BLOCK_N"]), 2 * h_kv)  # noqa: E731
+            grid = lambda meta: (triton.cdiv(lx, meta["BLOCK_X"]), triton.cdiv(d, meta["BLOCK_N"]), 2 * h_kv)
             _compress_dw_kernel[grid](
                 k, v, pe, dk_cmp, dv_cmp, dw_k, dw_v, tab, *_strides(k, v), pe.stride(0), dk_cmp.stride(0),
                 dk_cmp.stride(1), dw_k.stride(0), dw_k.stride(1), rows, **tiles,
@@ -529,7 +535,7 @@ def select_blocks(
     t_pad = max(2, _next_pow2(cfg.topk))
     batch = cu_seqlens.numel() - 1
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
-    grid = lambda meta: (batch + total // (meta["BLOCK_M"] // g_pad), h_kv)  # noqa: E731
+    grid = lambda meta: (batch + total // (meta["BLOCK_M"] // g_pad), h_kv)
     _select_kernel[grid](
         q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, out, batch, _search_steps(batch), scale * _LOG2E,
         q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), lse_cmp.stride(0), lse_cmp.stride(1),

@@ -520,7 +520,7 @@ def _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale):
         return o, lse
     if k.shape[0] == 0:  # no key at all (no sequence reaches kernel_size): nothing to launch on
         return o.zero_(), lse.fill_(float("-inf"))
-    grid = lambda meta: (batch + total // meta["BLOCK_M"], h)  # noqa: E731
+    grid = lambda meta: (batch + total // meta["BLOCK_M"], h)
     _fwd_kernel[grid](
         q, k, v, o, lse, cu_q, cu_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1), h,
@@ -552,7 +552,7 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
     )
     common = (batch, _search_steps(batch), group)
     if deterministic:
-        grid_q = lambda m: (batch + total // m["BLOCK_M"], h)  # noqa: E731
+        grid_q = lambda m: (batch + total // m["BLOCK_M"], h)
         _dq_kernel[grid_q](
             q, k, v, do, lse_s, delta, dq, cu_q, cu_k,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
@@ -566,7 +566,7 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
     # fp32 partials per query chunk, summed in a fixed order below (deterministic).
     dk_out = dk[None] if chunks == 1 else alloc((chunks, total_k, h_kv, d), dtype=torch.float32, device=q.device)
     dv_out = dv[None] if chunks == 1 else alloc((chunks, total_k, h_kv, d), dtype=torch.float32, device=q.device)
-    grid_k = lambda m: (batch + total_k // m["BLOCK_N"], h_kv, chunks)  # noqa: E731
+    grid_k = lambda m: (batch + total_k // m["BLOCK_N"], h_kv, chunks)
     _dkdv_kernel[grid_k](
         q, k, v, do, lse_s, delta, dk_out, dv_out, dq_acc, cu_q, cu_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),

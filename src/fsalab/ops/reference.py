@@ -18,7 +18,13 @@ import math
 import torch
 
 from ..config import NSAConfig
-from ..varlen import compressed_capacity, compressed_cu_seqlens, compressed_index, local_positions, sequence_ids
+from ..varlen import (
+    compressed_capacity,
+    compressed_cu_seqlens,
+    compressed_index,
+    local_positions,
+    sequence_ids,
+)
 
 # Elements of the largest intermediate a chunk may build (2**26 fp32 = 256 MiB).
 _CHUNK_BUDGET = 1 << 26

@@ -24,7 +24,7 @@ from .flash import flash_attention
 BACKENDS = ("auto", "flash_attn", "triton")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def flash_attn_varlen():
     """flash_attn.flash_attn_varlen_func, or None when flash-attn is not installed."""
     try:

@@ -115,14 +115,19 @@ def check_select_long(n, g, cfg, gen):
 
 
 def long_correctness(sizes, gen) -> list[str]:
-    """Compression + top-k at long context: compress_kv forward and select_blocks for g in {1, 16}."""
-    failures = []
+    """Compression + top-k at long context: compress_kv forward and select_blocks for g in {1, 4, 16}."""
     cases = []
     for n in sizes:
         cases.append((f"compress_kv fwd N={n} bf16", lambda n=n: check_compress_fwd(n, gen)))
         for g, (bs, topk) in ((1, (64, 16)), (16, (64, 16)), (4, (128, 8))):
             cases.append((f"select_blocks N={n} g={g} ({bs},{topk}) bf16",
                           lambda n=n, g=g, bs=bs, topk=topk: check_select_long(n, g, NSAConfig(block_size=bs, topk=topk), gen)))
+    return run_cases(cases)
+
+
+def run_cases(cases) -> list[str]:
+    """Run (name, fn) checks, print each verdict and time; returns the names that failed."""
+    failures = []
     for name, fn in cases:
         t = time.time()
         try:
@@ -148,7 +153,6 @@ def check_compress_fwd(n, gen):
 
 
 def correctness(gen) -> list[str]:
-    failures = []
     cases = []
     for n, lengths in ((8192, [5000, 31, 1, 2900, 260]), (32768, [32768])):
         for dtype in (torch.bfloat16, torch.float16) if n == 8192 else (torch.bfloat16,):
@@ -160,15 +164,7 @@ def correctness(gen) -> list[str]:
     cases.append(("select_blocks N=8192 g=4 (128,8) bf16",
                   lambda: check_select(lengths, 4, NSAConfig(block_size=128, topk=8), torch.bfloat16, gen)))
     cases.append(("select_blocks N=8192 g=4 (64,16) fp16", lambda: check_select(lengths, 4, NSAConfig(), torch.float16, gen)))
-    for name, fn in cases:
-        try:
-            print(f"[check] {name}: {fn()}", flush=True)
-        except Exception as exc:  # noqa: BLE001 - report the failing case and go on
-            failures.append(name)
-            print(f"[FAIL] {name}: {exc}", flush=True)
-            traceback.print_exc()
-        torch.cuda.empty_cache()
-    return failures
+    return run_cases(cases)
 
 
 def bench(fn) -> float:

@@ -2,8 +2,7 @@
 
 For each impl at the kernel experiment's points (default: g = 1, (64, 16), 8K and 64K, fwd and
 bwd): the do_bench median (what results/h200/kernel.csv reports), the host time to enqueue
-one call (mean over 50 calls queued back to back, no synchronisation between them: the
-GPU queue never fills at these sizes), and the device time (sum of the CUDA kernels' durations
+one call (mean over 50 calls, each started on an idle GPU), and the device time (sum of the CUDA kernels' durations
 per call, from torch.profiler), with the number of kernels launched per call. When the host
 time exceeds the device time the call is launch-bound and the median sits on the host time.
 
@@ -30,13 +29,19 @@ CALLS = 50
 
 
 def host_ms(fn) -> float:
-    torch.cuda.synchronize()
-    t = time.perf_counter()
+    """Mean time for the host to enqueue one call, each call started on an idle GPU.
+
+    One call at a time, so the launch queue (about a thousand pending kernels) can never fill
+    and block the host: queuing many calls back to back would make this time converge to the
+    device time whenever the GPU is the bottleneck."""
+    total = 0.0
     for _ in range(CALLS):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
         fn()
-    host = (time.perf_counter() - t) / CALLS * 1e3
+        total += time.perf_counter() - t
     torch.cuda.synchronize()
-    return host
+    return total / CALLS * 1e3
 
 
 def device_ms(fn) -> tuple[float, float]:

@@ -13,7 +13,7 @@ import torch
 
 from fsalab.config import NSAConfig
 from fsalab.ops import reference
-from fsalab.ops.selection.index import block_spans, build_selection_index
+from fsalab.ops.selection.index import build_selection_index
 from fsalab.testing import cu_seqlens_of, make_batch, random_lengths
 
 
@@ -147,11 +147,12 @@ def test_index_empty_batch(device):
     check_index(torch.zeros((0, 2, 3), dtype=torch.int32, device=device), cu, 16)
 
 
-def test_block_spans(gen, device):
+def test_block_table(gen, device):
     lengths = [5, 0, 40, 16, 0]
     cu = cu_seqlens_of(lengths, device)
     block_idx = random_block_idx(cu, 1, 2, 16, gen)
-    start, length, local = block_spans(build_selection_index(block_idx, cu, 16), cu, 16)
+    idx = build_selection_index(block_idx, cu, 16)
+    start, length, local = idx.block_start, idx.block_len, idx.block_local
     expected = [(0, 5, 0), (5, 16, 0), (21, 16, 1), (37, 8, 2), (45, 16, 0)]  # then unused ids
     assert start.dtype == length.dtype == local.dtype == torch.int32 and start.shape == (61 // 16 + 5,)
     got = list(zip(start.tolist(), length.tolist(), local.tolist()))

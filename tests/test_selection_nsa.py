@@ -150,7 +150,7 @@ def test_nsa_prefetch_ablation(monkeypatch, seed, gen, device):
     block_idx = sink_block_idx(cu, h_kv, 3, block_size, gen)
     do = torch.randn(q.shape, generator=gen).to(device, q.dtype)
     index = build_selection_index(block_idx, cu, block_size)
-    plan = nsa._dkdv_plan(index, cu, block_size, g)
+    plan = nsa._dkdv_plan(index, g)
     assert int(plan["extra_ptr"][-1]) > 0
     results = []
     for prefetch in (True, False):

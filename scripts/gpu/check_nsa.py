@@ -35,7 +35,7 @@ import triton
 from fsalab.config import NSAConfig
 from fsalab.ops import reference
 from fsalab.ops.selection import nsa
-from fsalab.ops.selection.index import build_selection_index
+from fsalab.ops.selection.index import build_selection_index, token_starts
 from fsalab.ops.selection.nsa import selected_attention_nsa
 from fsalab.testing import assert_close, cu_seqlens_of, max_error
 from fsalab.varlen import local_positions
@@ -128,9 +128,9 @@ def time_case(g, rows, ablation, n=65536, h_kv=4, d=128, seed=0) -> dict:
     qd, kd, vd, od = (t.detach() for t in (q, k, v, o))
     r["index"] = bench(lambda: build_selection_index(block_idx, cu, bs))
     index = build_selection_index(block_idx, cu, bs)
-    r["plan"] = bench(lambda: nsa._dkdv_plan(index, cu, bs, g))
-    plan = nsa._dkdv_plan(index, cu, bs, g)
-    tok_start = nsa._token_starts(cu, n)
+    r["plan"] = bench(lambda: nsa._dkdv_plan(index, g))
+    plan = nsa._dkdv_plan(index, g)
+    tok_start = token_starts(cu, n)
 
     def fwd(pf):
         return nsa._forward(qd, kd, vd, block_idx, cu, bs, scale, prefetch=pf)[:2]

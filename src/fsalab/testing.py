@@ -1,12 +1,14 @@
 """Helpers shared by the tests and the GPU correctness checks: random varlen batches,
-NaN poisoning, and dtype-aware comparison against an fp32 reference."""
+NaN poisoning, dtype-aware comparison against an fp32 reference, and kernel-launch counting."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .config import NSAConfig
 from .varlen import local_positions
@@ -62,6 +64,71 @@ def make_batch(
         return t.requires_grad_(requires_grad)
 
     return VarlenBatch(rnd(total, h, d, scale=q_scale), rnd(total, h_kv, d), rnd(total, h_kv, d), cu_seqlens_of(lengths, device))
+
+
+# aten ops that launch no kernel: views, metadata, allocations without initialisation.
+NO_KERNEL_OPS = frozenset({
+    "view", "_unsafe_view", "_reshape_alias", "reshape", "slice", "select", "unsqueeze", "squeeze",
+    "expand", "as_strided", "detach", "alias", "t", "transpose", "permute", "split", "unbind",
+    "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "lift_fresh", "set_",
+    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size",
+})  # fmt: skip
+
+
+class LaunchCounter(TorchDispatchMode):
+    """Counts the device kernels a block of code launches: ``counts`` maps "triton:<kernel>" and
+    "aten:<op>" to launches.
+
+    Triton launches are counted at ``run`` (the compiled JITFunction on a GPU, the
+    InterpretedFunction under TRITON_INTERPRET=1); aten ops through this dispatch mode, except
+    ``NO_KERNEL_OPS`` and the ops the interpreter performs itself while it runs a kernel (copies
+    of the arguments to and from its host buffers). An aten op counts once even where CUDA runs
+    several kernels for it (torch.sort: a radix sort of a few passes).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+        self._inside_kernel = 0
+        self._patched: list = []
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def __enter__(self):
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+
+        for cls in (JITFunction, InterpretedFunction):
+            self._patched.append((cls, cls.run))
+            cls.run = self._counted(cls.run)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for cls, run in self._patched:
+            cls.run = run
+        self._patched.clear()
+        return super().__exit__(*exc)
+
+    def _counted(self, run):
+        def counted_run(fn, *args, **kwargs):
+            if kwargs.get("warmup") or self._inside_kernel:
+                return run(fn, *args, **kwargs)
+            self.counts[f"triton:{fn.__name__}"] += 1
+            self._inside_kernel += 1
+            try:
+                return run(fn, *args, **kwargs)
+            finally:
+                self._inside_kernel -= 1
+
+        return counted_run
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not self._inside_kernel and name not in NO_KERNEL_OPS:
+            self.counts[f"aten:{name}"] += 1
+        return func(*args, **(kwargs or {}))
 
 
 def poison(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

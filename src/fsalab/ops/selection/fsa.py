@@ -55,7 +55,6 @@ class _Problem:
     k: torch.Tensor
     v: torch.Tensor
     index: SelectionIndex
-    table: plan.BlockTable
     block_size: int
     scale: float
 
@@ -108,9 +107,8 @@ def _prepare(q, k, v, block_idx, cu_seqlens, block_size, scale) -> _Problem:
     if q.device.type != "cuda" and not plan.interpreting():
         raise ValueError(f"the FSA kernels need CUDA tensors (or TRITON_INTERPRET=1), got device {q.device}")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[2])
-    index = build_selection_index(block_idx.contiguous(), cu_seqlens, block_size)
-    table = plan.block_table(index, cu_seqlens, block_size)
-    return _Problem(q.contiguous(), k.contiguous(), v.contiguous(), index, table, block_size, scale)
+    index = build_selection_index(block_idx, cu_seqlens, block_size)
+    return _Problem(q.contiguous(), k.contiguous(), v.contiguous(), index, block_size, scale)
 
 
 def _strides(pb: _Problem) -> tuple[int, ...]:
@@ -119,7 +117,7 @@ def _strides(pb: _Problem) -> tuple[int, ...]:
 
 def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_switches=None, do=None, lse=None, delta=None):
     """Run _partial_kernel over one chunk: from a work list, or on the paper's grid."""
-    ix, tb = pb.index, pb.table
+    ix = pb.index
     G = tiles.block_m // tiles.tok
     r_begin, r_end = chunk.hk0 * pb.cap, (chunk.hk0 + chunk.n_kv) * pb.cap
     if work is not None:
@@ -135,7 +133,7 @@ def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_swit
     _partial_kernel[(grid,)](
         pb.q, pb.k, pb.v, dummy if do is None else do, dummy if lse is None else lse,
         dummy if delta is None else delta, dummy if obuf is None else obuf, dummy if lbuf is None else lbuf,
-        ix.row_ptr, ix.token_ids, tb.start, tb.length, tb.local,
+        ix.row_ptr, ix.token_ids, ix.block_start, ix.block_len, ix.block_local,
         first, item_row, item_sub, max_rest,
         *_strides(pb),
         r_begin, r_end, pb.cap, pb.g, chunk.j0, chunk.heads, n_sub, pb.d, pb.scale * _LOG2E, pb.scale,
@@ -195,7 +193,7 @@ def _paper_switches(pb: _Problem, early_return: bool):
     """(EARLY_RETURN, pointer to the masked range's end) of the paper's grid launches."""
     if early_return:
         return True, pb.index.row_ptr
-    return False, plan.max_rest_len(pb.index.row_ptr, pb.table, pb.h_kv)
+    return False, plan.max_rest_len(pb.index)
 
 
 def _forward_paper(pb: _Problem, inner_loop: bool, early_return: bool):
@@ -224,17 +222,17 @@ def _delta(o, do, dlse):
     return delta
 
 
-def _launch_dkdv(pb, chunk, tiles, do, lse, delta, dk, dv, work, slots, dkp, dvp, dqbuf=None):
+def _launch_dkdv(pb, chunk, tiles, do, lse, delta, dk, dv, work, dkp, dvp, dqbuf=None):
     """dK/dV of the chunk's KV heads (all g heads of each group) from the split-row work list,
     then the merge of split rows. With dqbuf, also the chunk's dq partials (fused)."""
-    ix, tb = pb.index, pb.table
+    ix = pb.index
     r_begin, r_end = chunk.hk0 * pb.cap, (chunk.hk0 + chunk.n_kv) * pb.cap
     num_kt = triton.cdiv(pb.block_size, tiles.block_n)
     kt_programs = 1 if dqbuf is not None else num_kt  # dK/dV alone: one program per key sub-tile
     _dkdv_kernel[(work.grid(pb.entries(chunk.n_kv), r_end - r_begin), kt_programs)](
         pb.q, pb.k, pb.v, do, lse, delta, dk, dv, pb.q if dqbuf is None else dqbuf, dkp, dvp,
-        ix.row_ptr, ix.token_ids, tb.start, tb.length,
-        work.first, work.item_row, work.item_sub, slots,
+        ix.row_ptr, ix.token_ids, ix.block_start, ix.block_len,
+        work.first, work.item_row, work.item_sub, work.slots,
         *_strides(pb),
         r_begin, r_end, pb.cap, pb.g, pb.d, pb.block_size, pb.scale * _LOG2E, pb.scale,
         G=pb.g, TOK=tiles.tok, BLOCK_M=tiles.block_m, NUM_MT=work.per_item // tiles.tok,
@@ -242,21 +240,20 @@ def _launch_dkdv(pb, chunk, tiles, do, lse, delta, dk, dv, work, slots, dkp, dvp
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     _dkdv_merge_kernel[(r_end - r_begin, num_kt)](
-        dkp, dvp, dk, dv, ix.row_ptr, slots, tb.start, tb.length,
+        dkp, dvp, dk, dv, ix.row_ptr, work.slots, ix.block_start, ix.block_len,
         pb.k.stride(0), pb.k.stride(1), r_begin, pb.cap, work.per_item, pb.block_size, pb.d,
         BLOCK_N=tiles.block_n, D=pb.D, num_warps=4,
     )
 
 
 def _split_work(pb, chunks, tiles):
-    """Work list splitting long rows for dK/dV, its slot offsets and fp32 slot buffers."""
+    """Work list splitting long rows for dK/dV (with its slot offsets) and fp32 slot buffers."""
     n_kv = max(c.n_kv for c in chunks)
     per_item = tiles.tok * plan.split_tiles(tiles.tok, pb.entries(n_kv), pb.block_size, pb.d)
-    work = plan.work_list(pb.index.row_ptr, pb.entries(pb.h_kv), per_item, min_one=True)
-    slots = plan.split_slots(pb.index.row_ptr, per_item)
+    work = plan.work_list(pb.index.row_ptr, pb.entries(pb.h_kv), per_item, min_one=True, split_slots=True)
     n_slots = 2 * pb.entries(n_kv) // per_item + 1
     dkp = torch.empty(n_slots * pb.block_size * pb.d, dtype=torch.float32, device=pb.q.device)
-    return work, slots, dkp, torch.empty_like(dkp)
+    return work, dkp, torch.empty_like(dkp)
 
 
 def _dkdv_all_heads(pb, do, lse, delta, dk, dv):
@@ -320,7 +317,7 @@ class _FSAFunction(torch.autograd.Function):
         o, lse = _forward_paper(pb, inner_loop, early_return) if paper else _forward_fast(pb)
         ctx.save_for_backward(pb.q, pb.k, pb.v, o, lse)
         # Derived index tensors are neither inputs nor outputs: kept as attributes.
-        ctx.index, ctx.table = pb.index, pb.table
+        ctx.index = pb.index
         ctx.args = (block_size, pb.scale, paper, inner_loop, early_return)
         ctx.set_materialize_grads(False)
         return o, lse
@@ -329,7 +326,7 @@ class _FSAFunction(torch.autograd.Function):
     def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
         block_size, scale, paper, inner_loop, early_return = ctx.args
-        pb = _Problem(q, k, v, ctx.index, ctx.table, block_size, scale)
+        pb = _Problem(q, k, v, ctx.index, block_size, scale)
         do = torch.zeros_like(o) if do is None else do.contiguous()
         dlse = None if dlse is None else dlse.contiguous().float()
         if paper:

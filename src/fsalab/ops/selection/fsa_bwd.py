@@ -14,7 +14,7 @@ the H200 while dV and the fused variant were right, with no difference under the
 Programs come from a work list of NUM_MT tiles per item with at least one item per row, so
 empty rows write zero dK/dV. A row whose tokens are spread over several programs (row length >
 TOK * NUM_MT; the sink block is selected by every token) writes fp32 dK/dV partials to its own
-slots (``fsa_plan.split_slots``) and ``_dkdv_merge_kernel`` sums them; every other row writes
+slots (``fsa_plan.work_list(..., split_slots=True)``) and ``_dkdv_merge_kernel`` sums them; every other row writes
 dK/dV directly.
 """
 

@@ -1,7 +1,8 @@
-"""Host-side planning for the FSA kernels: block table, work lists, head chunks, tile sizes.
+"""Host-side planning for the FSA kernels: work lists, head chunks, tile sizes.
 
-Everything here is sized from shapes only (no host sync): tables are built with a handful of
-device ops from the CSR lists of ``index.build_selection_index``.
+Everything here is sized from shapes only (no host sync): work lists are built by the small
+kernels of ``worklist`` from the CSR lists of ``index.build_selection_index`` (which also holds
+the block table), one or two launches each, since short calls are bound by the host's launches.
 
 Vocabulary (all counts in elements unless stated):
 - row: one CSR row of the selection index, ``kv_head * block_capacity + global_block``; it
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from . import worklist
 from .index import SelectionIndex
 
 # Bytes of per-entry partial buffers (partial o / lse, or dq) alive at once, per query head of a
@@ -42,41 +44,20 @@ def pow2(x: int) -> int:
 
 
 @dataclass(frozen=True)
-class BlockTable:
-    """Per global block b (int32 [block_capacity] each): packed index of its first key, its
-    number of keys (0 past the batch's real blocks), and its index inside its own sequence."""
-
-    start: torch.Tensor
-    length: torch.Tensor
-    local: torch.Tensor
-
-
-def block_table(index: SelectionIndex, cu_seqlens: torch.Tensor, block_size: int) -> BlockTable:
-    cap = index.block_capacity
-    offsets = index.block_offsets
-    batch = offsets.numel() - 1
-    gb = torch.arange(cap, dtype=torch.int32, device=offsets.device)
-    # Empty sequences repeat an offset; right=True lands on the sequence that owns the block.
-    seq = torch.searchsorted(offsets[1:].contiguous(), gb, right=True).clamp_(max=batch - 1)
-    local = gb - offsets[seq]
-    start = cu_seqlens[seq] + local * block_size
-    length = (cu_seqlens[seq + 1] - start).clamp(0, block_size)
-    length = torch.where(gb < offsets[-1], length, torch.zeros_like(length))
-    return BlockTable(start.to(torch.int32), length.to(torch.int32), local.to(torch.int32))
-
-
-@dataclass(frozen=True)
 class WorkList:
     """Programs of a work-list launch, over all rows (any chunk takes a contiguous item range).
 
     first    int32 [rows + 1]: index of each row's first item (exclusive cumsum of item counts).
     item_row int32 [bound]: the row of each item.  item_sub int32 [bound]: its index in the row.
+    slots    int32 [rows + 1] or None: first dK/dV partial slot of each row split over several
+             items (``work_list(..., split_slots=True)``).
     per_item tokens per item.
     """
 
     first: torch.Tensor
     item_row: torch.Tensor
     item_sub: torch.Tensor
+    slots: torch.Tensor | None
     per_item: int
 
     def grid(self, entries: int, rows: int) -> int:
@@ -84,45 +65,30 @@ class WorkList:
         return triton.cdiv(entries, self.per_item) + rows
 
 
-def work_list(row_ptr: torch.Tensor, total_entries: int, per_item: int, min_one: bool) -> WorkList:
+def work_list(
+    row_ptr: torch.Tensor, total_entries: int, per_item: int, min_one: bool, split_slots: bool = False
+) -> WorkList:
     """Items of up to per_item tokens over all CSR rows (total_entries bounds row_ptr[-1]);
-    with min_one, empty rows still get one item (to write zero dK/dV)."""
-    lens = row_ptr[1:] - row_ptr[:-1]
-    n = (lens + (per_item - 1)) // per_item
-    if min_one:
-        n = n.clamp(min=1)
-    cum = torch.cumsum(n, 0, dtype=torch.int32)
-    first = torch.cat([cum.new_zeros(1), cum])
-    rows = lens.numel()
-    bound = triton.cdiv(total_entries, per_item) + rows
-    items = torch.arange(bound, dtype=torch.int32, device=row_ptr.device)
-    item_row = torch.searchsorted(cum, items, right=True, out_int32=True)
-    item_sub = items - first[item_row.clamp(max=rows - 1)]
-    return WorkList(first, item_row, item_sub, per_item)
+    with min_one, empty rows still get one item (to write zero dK/dV). Two launches.
 
-
-def split_slots(row_ptr: torch.Tensor, per_item: int) -> torch.Tensor:
-    """int32 [rows + 1]: first dK/dV partial slot of each row split over several programs.
-
-    Only rows with more than one item own slots (one per item); a chunk of rows holding E
-    entries needs fewer than 2 * E / per_item + 1 slots (each such row has len > per_item).
+    split_slots: also the dK/dV partial slots of rows split over several items (one per item, only
+    for rows of more than one item); a chunk of rows holding E entries needs fewer than
+    2 * E / per_item + 1 of them (each such row has len > per_item).
     """
-    lens = row_ptr[1:] - row_ptr[:-1]
-    n = (lens + (per_item - 1)) // per_item
-    n = torch.where(n > 1, n, torch.zeros_like(n))
-    cum = torch.cumsum(n, 0, dtype=torch.int32)
-    return torch.cat([cum.new_zeros(1), cum])
+    rule = worklist.ITEMS_MIN_ONE if min_one else worklist.ITEMS
+    first, slots, _ = worklist.scan_rows(row_ptr, per_item, rule, worklist.SPLIT if split_slots else 0)
+    bound = triton.cdiv(total_entries, per_item) + row_ptr.numel() - 1
+    item_row, item_sub = worklist.row_items(first, bound)
+    return WorkList(first, item_row, item_sub, slots, per_item)
 
 
-def max_rest_len(row_ptr: torch.Tensor, table: BlockTable, h_kv: int) -> torch.Tensor:
-    """0-d int32: longest row over non-sink blocks (local index >= 1).
+def max_rest_len(index: SelectionIndex) -> torch.Tensor:
+    """0-d int32: longest row over non-sink blocks (local index >= 1). One launch.
 
     The paper's "no early return" ablation sizes its programs by this maximum (its grid runs the
     sink block in a launch of its own), so programs of every other row mask instead of returning.
     """
-    lens = (row_ptr[1:] - row_ptr[:-1]).view(h_kv, -1)
-    rest = torch.where(table.local[None, :] >= 1, lens, torch.zeros_like(lens))
-    return rest.amax().to(torch.int32) if rest.numel() else lens.new_zeros(())
+    return worklist.scan_rows(index.row_ptr, 1, local=index.block_local)[2]
 
 
 @dataclass(frozen=True)

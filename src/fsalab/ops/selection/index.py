@@ -6,16 +6,27 @@ builds that transpose as CSR lists on device, for the whole packed batch and eve
 in one pass, without host syncs and in O(total * h_kv * topk) memory (no dense N x blocks
 table). The construction is a stable sort of the flattened ``block_idx`` entries keyed by
 their CSR row, so the output is deterministic and tokens come out ascending within a row
-(entries are enumerated token-major).
+(entries are enumerated token-major). Around the sort, two small Triton kernels
+(``index_kernels``) compute the keys and unpack the sorted order: three launches in all, since
+the host time to enqueue many small ops, not the GPU, bounds short calls.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+import triton
 
-from ...varlen import sequence_ids
+from ._search import search_steps
+from .index_kernels import _csr_kernel, _entry_keys_kernel, _token_start_kernel
+
+# Elements per program of the planning kernels (the interpreter pays per program, the GPU
+# needs no more: these kernels are a few microseconds each).
+_BLOCK = 1024
+# CSR rows per program of _csr_kernel: each runs two binary searches (~log2 entries loads).
+_BLOCK_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,9 @@ class SelectionIndex:
     entry_slot     int32 [total * h_kv * topk]: the slot k (0..topk-1) of block_idx behind each entry.
     slot_pos       int32 [total, h_kv, topk]: position in token_ids of each (token, head, slot);
                    -1 for padding slots.
+    block_start    int32 [block_capacity]: packed index of each global block's first key.
+    block_len      int32 [block_capacity]: its number of keys (0 past the batch's real blocks).
+    block_local    int32 [block_capacity]: its block index inside its own sequence.
     block_capacity host int: upper bound on the batch's block count, total // block_size + batch.
     """
 
@@ -41,6 +55,9 @@ class SelectionIndex:
     token_ids: torch.Tensor
     entry_slot: torch.Tensor
     slot_pos: torch.Tensor
+    block_start: torch.Tensor
+    block_len: torch.Tensor
+    block_local: torch.Tensor
     block_capacity: int
 
 
@@ -53,63 +70,57 @@ def block_capacity(total_tokens: int, batch: int, block_size: int) -> int:
     return total_tokens // block_size + batch
 
 
-def sequence_block_offsets(cu_seqlens: torch.Tensor, block_size: int) -> torch.Tensor:
-    """int32 [batch + 1]: global id of each sequence's first block, then the total block count."""
-    n = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    offsets = torch.zeros_like(cu_seqlens)
-    offsets[1:] = torch.cumsum((n + block_size - 1) // block_size, 0).to(torch.int32)
-    return offsets
-
-
 @torch.no_grad()
 def build_selection_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, block_size: int) -> SelectionIndex:
     """Transpose block_idx int32 [total, h_kv, topk] (local block ids, -1 padding) into CSR lists.
 
     Entries with block_idx < 0 are left out (their slot_pos is -1). Runs on block_idx's device
-    with no host synchronisation; every output is sized from shapes only.
+    with no host synchronisation; every output is sized from shapes only. Launches: the key
+    kernel, torch.sort, the unpacking kernel.
     """
     total, h_kv, topk = block_idx.shape
     device = block_idx.device
     batch = cu_seqlens.numel() - 1
     capacity = block_capacity(total, batch, block_size)
     num_rows = h_kv * capacity
-    offsets = sequence_block_offsets(cu_seqlens, block_size)
+    n = total * h_kv * topk
+    if n >= 2**31:
+        raise ValueError(f"the selection index addresses entries with int32: total * h_kv * topk = {n} >= 2**31")
+    block_idx = block_idx.contiguous()
+    cu = cu_seqlens.contiguous()
+    pad_key = h_kv * total  # sorts after every valid key (see index_kernels)
+    batch_steps = search_steps(batch)
+    empty = functools.partial(torch.empty, dtype=torch.int32, device=device)
 
-    seq = sequence_ids(cu_seqlens, total).clamp(max=max(batch - 1, 0))
-    first_block = offsets.long()[seq][:, None, None]  # [total, 1, 1]
-    heads = torch.arange(h_kv, device=device)[None, :, None] * capacity
-    blk = block_idx.long()
-    valid = blk >= 0
-    # Padding slots sort after every real row (key num_rows), so they never enter row_ptr.
-    rows = torch.where(valid, heads + first_block + blk, torch.full_like(blk, num_rows)).flatten()
-
-    # Token-major enumeration + stable sort = tokens ascending inside each row, deterministically.
-    key = rows.to(torch.int32) if num_rows < 2**31 - 1 else rows
-    sorted_key, order = torch.sort(key, stable=True)
-    # row_ptr[r] = number of entries in rows < r: a search in the sorted keys, no atomics.
-    row_ptr = torch.searchsorted(sorted_key, torch.arange(num_rows + 1, dtype=key.dtype, device=device))
-    row_ptr = row_ptr.to(torch.int32)
-
+    keys, offsets = empty(n), empty(batch + 1)
     per_token = h_kv * topk
-    token_ids = (order // per_token).to(torch.int32)
-    entry_slot = (order % topk).to(torch.int32)
-    slot_pos = torch.empty(total * per_token, dtype=torch.int32, device=device)
-    slot_pos[order] = torch.arange(order.numel(), dtype=torch.int32, device=device)
-    slot_pos = torch.where(valid.flatten(), slot_pos, torch.full_like(slot_pos, -1)).view(total, h_kv, topk)
-    return SelectionIndex(offsets, row_ptr, token_ids, entry_slot, slot_pos, capacity)
+    ht_pad = triton.next_power_of_2(per_token)
+    tok = max(1, _BLOCK // ht_pad)
+    _entry_keys_kernel[(max(1, triton.cdiv(total, tok)),)](
+        block_idx, cu, keys, offsets, total, batch, batch_steps, topk, block_size, pad_key,
+        HT=per_token, HT_PAD=ht_pad, TOK=tok, BLOCK_B=_BLOCK, num_warps=4,
+    )
+    # Token-major enumeration + stable sort = tokens ascending inside each row, deterministically.
+    sorted_key, order = torch.sort(keys, stable=True)
+
+    row_ptr, token_ids, entry_slot, slot_pos = empty(num_rows + 1), empty(n), empty(n), empty(n)
+    start, length, local = empty(capacity), empty(capacity), empty(capacity)
+    grid = max(triton.cdiv(n, _BLOCK), triton.cdiv(num_rows + 1, _BLOCK_ROWS))
+    _csr_kernel[(grid,)](
+        sorted_key, order, token_ids, entry_slot, slot_pos, row_ptr, start, length, local, offsets, cu,
+        n, search_steps(n), per_token, topk, total, capacity, num_rows, batch, batch_steps, block_size, pad_key,
+        BLOCK_E=_BLOCK, BLOCK_R=_BLOCK_ROWS, num_warps=4,
+    )
+    return SelectionIndex(
+        offsets, row_ptr, token_ids, entry_slot, slot_pos.view(total, h_kv, topk), start, length, local, capacity
+    )
 
 
-def block_spans(
-    index: SelectionIndex, cu_seqlens: torch.Tensor, block_size: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per global block, int32 [block_capacity] each: packed index of its first key, its number of
-    keys (0 for ids past the batch's last block), and its block index inside its own sequence."""
-    offsets = index.block_offsets
-    batch = offsets.numel() - 1
-    blk = torch.arange(index.block_capacity, dtype=torch.int32, device=offsets.device)
-    # Empty sequences repeat an offset; right=True lands on the sequence that owns the block.
-    seq = torch.searchsorted(offsets[1:].contiguous(), blk, right=True).clamp_(max=batch - 1)
-    local = blk - offsets[seq]
-    start = cu_seqlens[seq] + local * block_size
-    length = torch.where(blk < offsets[-1], (cu_seqlens[seq + 1] - start).clamp(0, block_size), 0)
-    return start.to(torch.int32), length.to(torch.int32), local.to(torch.int32)
+def token_starts(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """int32 [total]: packed index of the first token of each token's sequence (one launch)."""
+    cu = cu_seqlens.contiguous()
+    batch = cu.numel() - 1
+    out = torch.empty(total, dtype=torch.int32, device=cu.device)
+    if total > 0:
+        _token_start_kernel[(triton.cdiv(total, _BLOCK),)](cu, out, total, batch, search_steps(batch), BLOCK=_BLOCK)
+    return out

@@ -33,8 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ...varlen import sequence_ids
-from .index import SelectionIndex, block_spans, build_selection_index
+from . import worklist
+from .index import SelectionIndex, build_selection_index, token_starts
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
@@ -385,17 +385,12 @@ def _query_meta(block_idx: torch.Tensor, g: int) -> dict:
     return dict(TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk), BLOCK_H=max(16, triton.next_power_of_2(g)))
 
 
-def _token_starts(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
-    """int32 [total]: packed index of the first token of each token's sequence."""
-    return cu_seqlens[sequence_ids(cu_seqlens, total)].contiguous()
-
-
 def _forward(q, k, v, block_idx, cu_seqlens, block_size, scale, prefetch=True):
     """(o, lse, tok_start). ``prefetch=False`` is the ablation of the block-id prefetch."""
     total, h, _ = q.shape
     o = torch.empty_like(q)
     lse = torch.empty(total, h, dtype=torch.float32, device=q.device)
-    tok_start = _token_starts(cu_seqlens, total)
+    tok_start = token_starts(cu_seqlens, total)
     if total == 0:
         return o, lse, tok_start
     meta = _kernel_meta(q, k, block_size)
@@ -419,26 +414,22 @@ def _bwd_dq(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale, 
     return dq, delta
 
 
-def _dkdv_plan(index: SelectionIndex, cu_seqlens: torch.Tensor, block_size: int, g: int) -> dict:
-    """Segments of the CSR rows for the dk/dv kernel, on device from shapes (no host sync).
+def _dkdv_plan(index: SelectionIndex, g: int) -> dict:
+    """Segments of the CSR rows for the dk/dv kernel, on device from shapes (no host sync, two
+    launches: the row scan and the slot -> row search of ``worklist``).
 
-    block_start/block_len int32 [capacity]: each global block's first key and key count;
-    extra_ptr int32 [rows + 1]: exclusive prefix sum of each row's extra segments (beyond the
-    first); extra_row int32 [max(max_extra, 1)]: the row of each extra slot (num_rows for unused
-    slots);
-    max_extra: host int, an upper bound on the extra segments (entries // seg).
+    block_start/block_len int32 [capacity]: each global block's first key and key count (the
+    index's block table); extra_ptr int32 [rows + 1]: exclusive prefix sum of each row's extra
+    segments (beyond the first); extra_row int32 [max(max_extra, 1)]: the row of each extra slot
+    (num_rows for unused slots); max_extra: host int, an upper bound on the extra segments
+    (entries // seg).
     """
-    device = index.row_ptr.device
     num_rows = index.row_ptr.numel() - 1
     seg = _segment_entries(g)
-    block_start, block_len, _ = block_spans(index, cu_seqlens, block_size)
-    counts = index.row_ptr[1:] - index.row_ptr[:-1]
-    extra_ptr = torch.zeros(num_rows + 1, dtype=torch.int32, device=device)
-    extra_ptr[1:] = torch.cumsum((counts - 1).clamp(min=0) // seg, 0)
+    extra_ptr, _, _ = worklist.scan_rows(index.row_ptr, seg, worklist.EXTRA)
     max_extra = index.token_ids.numel() // seg  # sum_r floor((c_r - 1) / seg) <= entries / seg
-    slots = torch.arange(max(max_extra, 1), device=device, dtype=torch.int32)  # never empty: no null pointers
-    extra_row = torch.searchsorted(extra_ptr[1:].contiguous(), slots, right=True).to(torch.int32)
-    return dict(block_start=block_start, block_len=block_len, extra_ptr=extra_ptr, extra_row=extra_row,
+    extra_row, _ = worklist.row_items(extra_ptr, max(max_extra, 1), with_sub=False)  # never empty: no null pointers
+    return dict(block_start=index.block_start, block_len=index.block_len, extra_ptr=extra_ptr, extra_row=extra_row,
                 max_extra=max_extra, seg=seg, num_rows=num_rows, capacity=index.block_capacity)  # fmt: skip
 
 
@@ -465,11 +456,11 @@ def _bwd_dkdv(q, k, v, do, lse, delta, token_ids, row_ptr, plan, block_size, sca
     return dk, dv
 
 
-def _backward(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, tok_start, block_size, scale, index):
+def _backward(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale, index):
     if q.shape[0] == 0:
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dq, delta = _bwd_dq(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale)
-    plan = _dkdv_plan(index, cu_seqlens, block_size, q.shape[1] // k.shape[1])
+    plan = _dkdv_plan(index, q.shape[1] // k.shape[1])
     dk, dv = _bwd_dkdv(q, k, v, do, lse, delta, index.token_ids, index.row_ptr, plan, block_size, scale)
     return dq, dk, dv
 
@@ -491,7 +482,7 @@ class _SelectedAttentionNSA(torch.autograd.Function):
         index = ctx.index if ctx.index is not None else build_selection_index(block_idx, cu_seqlens, ctx.block_size)
         dq, dk, dv = _backward(
             q, k, v, o, lse, do.contiguous(), None if dlse is None else dlse.contiguous(), block_idx,
-            cu_seqlens, tok_start, ctx.block_size, ctx.scale, index,
+            tok_start, ctx.block_size, ctx.scale, index,
         )  # fmt: skip
         return dq, dk, dv, None, None, None, None, None
 

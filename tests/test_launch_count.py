@@ -1,0 +1,50 @@
+"""Kernel launches per selected-attention call stay few: short calls are bound by the host's
+time to enqueue them (results/h200/checks/profile_launch.log, scripts/count_launches.py).
+
+The bounds are the counts after the planning was fused into a few Triton kernels (before: fsa
+forward 61 aten ops + 2 Triton launches, backward 21 + 4; NSA backward 60 + 3). torch.sort
+counts as one launch, however many passes CUDA runs for it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_selection_index import random_block_idx
+
+from fsalab.ops.selection import selected_attention
+from fsalab.testing import LaunchCounter, make_batch
+
+# (impl, direction) -> most launches per call.
+LIMITS = {
+    ("fsa", "fwd"): 7,  # index (keys, sort, unpack), work list (scan, items), partials, merge
+    ("fsa", "bwd"): 6,  # delta, work list (scan, items), dK/dV + dq partials, split-row merge, dq merge
+    ("fsa_paper", "fwd"): 7,  # index (3), statistics + merge, main kernel + sum
+    ("fsa_paper", "bwd"): 7,  # delta, dq partials + sum, work list (2), dK/dV, split-row merge
+    ("nsa", "fwd"): 2,  # token starts, forward
+    ("nsa", "bwd"): 8,  # dq, index (3), segment plan (2), dK/dV, segment merge
+}
+
+
+@pytest.mark.parametrize("impl,direction", sorted(LIMITS))
+def test_launches_per_call(impl, direction, monkeypatch, device):
+    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")  # checks add ops; the benchmark times without them
+    batch = make_batch([40, 1, 23], 4, 2, 16, dtype=torch.float16, device=device, seed=0)
+    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, torch.Generator().manual_seed(0))
+    leaves = [t.clone().requires_grad_(direction == "bwd") for t in (batch.q, batch.k, batch.v)]
+
+    def call():
+        return selected_attention(*leaves, block_idx, batch.cu_seqlens, 16, impl=impl)
+
+    if direction == "fwd":
+        with torch.no_grad():
+            call()  # outside the count: one-time work (compilation, caches)
+            with LaunchCounter() as counter:
+                call()
+    else:
+        o, _ = call()
+        do = torch.randn_like(o)
+        torch.autograd.grad(o, leaves, do, retain_graph=True)
+        with LaunchCounter() as counter:
+            torch.autograd.grad(o, leaves, do, retain_graph=True)
+    assert counter.total <= LIMITS[impl, direction], dict(counter.counts)

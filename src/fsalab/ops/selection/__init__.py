@@ -18,11 +18,17 @@ lse [total, h] fp32, natural log), differentiable in q, k, v.
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-from ...checks import KERNEL_DTYPES, REFERENCE_DTYPES, check_attention_inputs, check_block_idx, check_block_idx_values
+from ...checks import (
+    KERNEL_DTYPES,
+    REFERENCE_DTYPES,
+    check_attention_inputs,
+    check_block_idx,
+    check_block_idx_values,
+)
 
 # impl name -> (module relative to this package, function name)
 IMPLS: dict[str, tuple[str, str]] = {

@@ -67,7 +67,7 @@ def _store(key: str, impl: str) -> None:
     os.replace(tmp, path)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gpu_name(index: int) -> str:
     # Queried once per device: the key is built on every call, on the launch path.
     return torch.cuda.get_device_name(index)

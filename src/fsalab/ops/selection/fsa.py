@@ -41,7 +41,17 @@ import triton
 
 from . import fsa_plan as plan
 from .fsa_bwd import _delta_kernel, _dkdv_kernel, _dkdv_merge_kernel
-from .fsa_fwd import DQ, FAST, LSE, LSE_ONLY, PAPER, STATS, SUM, _merge_kernel, _partial_kernel
+from .fsa_fwd import (
+    DQ,
+    FAST,
+    LSE,
+    LSE_ONLY,
+    PAPER,
+    STATS,
+    SUM,
+    _merge_kernel,
+    _partial_kernel,
+)
 from .index import SelectionIndex, build_selection_index
 
 _LOG2E = 1.4426950408889634

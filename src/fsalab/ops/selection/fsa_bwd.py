@@ -93,7 +93,7 @@ def _dkdv_subtile(
     v_blk = tl.load(v + kp, mask=kmask, other=0.0)
     dk_acc = tl.zeros([BLOCK_N, D], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, D], tl.float32)
-    for mt in range(0, n_mt):
+    for mt in range(n_mt):
         t0 = c0 + mt * TOK
         valid = (ii < TOK) & (t0 + ii < row_len)
         pos = p_row + t0 + ii
@@ -151,7 +151,7 @@ def _dkdv_merge_kernel(
     kmask = (c < kl)[:, None] & (dd < d)[None, :]
     acc_k = tl.zeros([BLOCK_N, D], tl.float32)
     acc_v = tl.zeros([BLOCK_N, D], tl.float32)
-    for s in range(0, n):
+    for s in range(n):
         so = ((slot0 + s).to(tl.int64) * block_size + c)[:, None] * d + dd[None, :]
         acc_k += tl.load(dkp + so, mask=kmask, other=0.0)
         acc_v += tl.load(dvp + so, mask=kmask, other=0.0)

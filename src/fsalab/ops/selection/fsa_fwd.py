@@ -110,7 +110,7 @@ def _partial_kernel(
         if MODE != STATS:
             v_blk = tl.load(v + kp, mask=kmask, other=0.0)
 
-    for mt in range(0, n_mt):
+    for mt in range(n_mt):
         t0 = c0 + mt * TOK
         valid = (ii < TOK) & (t0 + ii < row_len)
         pos = p_row + t0 + ii
@@ -193,7 +193,7 @@ def _merge_kernel(
     m = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, D], tl.float32)
-    for kk in range(0, topk):
+    for kk in range(topk):
         pos = tl.load(slots + kk, mask=valid, other=-1)
         ok = pos >= 0
         brow = (pos - base).to(tl.int64) * G + jj

@@ -76,8 +76,9 @@ def _launch_defaults(meta: dict, block_size: int, kv_outer: bool) -> dict:
         return {}
     wide = meta["BLOCK_D"] > 128
     if kv_outer:
-        return dict(BLOCK_M=32, BLOCK_N=min(32 if wide else 64, block_size), num_warps=8, num_stages=3 if wide else 4)
-    return dict(BLOCK_N=min(32 if wide else 64, block_size), num_warps=4, num_stages=2)
+        return {"BLOCK_M": 32, "BLOCK_N": min(32 if wide else 64, block_size), "num_warps": 8,
+                "num_stages": 3 if wide else 4}
+    return {"BLOCK_N": min(32 if wide else 64, block_size), "num_warps": 4, "num_stages": 2}
 
 
 def _cfg(block_n, warps, stages, block_m=None):
@@ -375,14 +376,14 @@ def _kernel_meta(q: torch.Tensor, k: torch.Tensor, block_size: int) -> dict:
     """
     h_kv, d = k.shape[1], k.shape[2]
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    return dict(H_KV=h_kv, G=q.shape[1] // h_kv, D=d, BLOCK_SIZE=block_size, BLOCK_D=triton.next_power_of_2(d),
-                PRECISION=precision)  # fmt: skip
+    return {"H_KV": h_kv, "G": q.shape[1] // h_kv, "D": d, "BLOCK_SIZE": block_size,
+            "BLOCK_D": triton.next_power_of_2(d), "PRECISION": precision}
 
 
 def _query_meta(block_idx: torch.Tensor, g: int) -> dict:
     """Query-outer kernels: the block_idx row (tile padded to a power of two), the padded head tile."""
     topk = block_idx.shape[2]
-    return dict(TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk), BLOCK_H=max(16, triton.next_power_of_2(g)))
+    return {"TOPK": topk, "TOPK_PAD": triton.next_power_of_2(topk), "BLOCK_H": max(16, triton.next_power_of_2(g))}
 
 
 def _forward(q, k, v, block_idx, cu_seqlens, block_size, scale, prefetch=True):
@@ -429,8 +430,9 @@ def _dkdv_plan(index: SelectionIndex, g: int) -> dict:
     extra_ptr, _, _ = worklist.scan_rows(index.row_ptr, seg, worklist.EXTRA)
     max_extra = index.token_ids.numel() // seg  # sum_r floor((c_r - 1) / seg) <= entries / seg
     extra_row, _ = worklist.row_items(extra_ptr, max(max_extra, 1), with_sub=False)  # never empty: no null pointers
-    return dict(block_start=index.block_start, block_len=index.block_len, extra_ptr=extra_ptr, extra_row=extra_row,
-                max_extra=max_extra, seg=seg, num_rows=num_rows, capacity=index.block_capacity)  # fmt: skip
+    return {"block_start": index.block_start, "block_len": index.block_len, "extra_ptr": extra_ptr,
+            "extra_row": extra_row, "max_extra": max_extra, "seg": seg, "num_rows": num_rows,
+            "capacity": index.block_capacity}
 
 
 def _bwd_dkdv(q, k, v, do, lse, delta, token_ids, row_ptr, plan, block_size, scale, prefetch=True):

@@ -195,3 +195,45 @@ def test_scan_rows_without_rows(device):
     assert first.tolist() == [0] and second.tolist() == [0] and int(best) == 0
     item_row, item_sub = worklist.row_items(first, 0)
     assert item_row.numel() == 0 and item_sub.numel() == 0
+
+
+def dense_random_block_idx(cu_seqlens, h_kv, topk, block_size, gen):
+    """Random valid block_idx built on the device at long-context sizes (no dense score table):
+    topk draws from [0, own block] per (token, head), duplicates dropped, ascending, -1 padded."""
+    total = int(cu_seqlens[-1])
+    pos = torch.arange(total, device=cu_seqlens.device) - cu_seqlens.long()[sequence_ids(cu_seqlens, total)]
+    own = (pos // block_size)[:, None, None]
+    draws = torch.rand(total, h_kv, topk, generator=gen, device=cu_seqlens.device)
+    blk = torch.sort((draws * (own + 1)).long(), dim=-1).values
+    dup = torch.zeros_like(blk, dtype=torch.bool)
+    dup[..., 1:] = blk[..., 1:] == blk[..., :-1]
+    big = torch.iinfo(torch.int64).max
+    blk = torch.sort(torch.where(dup, big, blk), dim=-1).values
+    return torch.where(blk == big, -1, blk).to(torch.int32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lengths,h_kv,topk,block_size", [
+    ([65536], 4, 16, 64),
+    ([30000, 1, 20000, 15535], 4, 8, 128),
+    ([262144], 8, 16, 64),
+])  # fmt: skip
+def test_plan_builders_match_torch_at_scale(lengths, h_kv, topk, block_size):
+    """Long-context sizes on the GPU: many programs per launch, deep binary searches, millions of
+    entries (the CPU cases above are a few hundred tokens)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cu = cu_seqlens_of(lengths, "cuda")
+    block_idx = dense_random_block_idx(cu, h_kv, topk, block_size, gen)
+    idx = build_selection_index(block_idx, cu, block_size)
+    names = ("block_offsets", "row_ptr", "token_ids", "entry_slot", "slot_pos", "block_start", "block_len",
+             "block_local")  # fmt: skip
+    for name, expected in zip(names, ref_index(block_idx, cu, block_size)):
+        assert_equal(name, getattr(idx, name), expected)
+    entries = idx.token_ids.numel()
+    for per_item in (64, 1024):
+        work = fsa_plan.work_list(idx.row_ptr, entries, per_item, True, split_slots=True)
+        for name, actual, expected in zip(("first", "item_row", "item_sub"), (work.first, work.item_row, work.item_sub),
+                                          ref_work_list(idx.row_ptr, entries, per_item, True)):  # fmt: skip
+            assert_equal(name, actual, expected)
+        assert_equal("slots", work.slots, ref_split_slots(idx.row_ptr, per_item))
+    assert_equal("max_rest", fsa_plan.max_rest_len(idx), ref_max_rest_len(idx.row_ptr, idx.block_local, h_kv))

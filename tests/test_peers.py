@@ -9,18 +9,17 @@ first config for the test.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 
 import pytest
 import torch
 from test_selection_index import random_block_idx
-from test_selection_nsa import attention_and_grads
 
 from fsalab.bench import grid, kernel
-from fsalab.ops import reference
 from fsalab.ops.selection import fla_nsa, selected_attention
-from fsalab.testing import assert_close, make_batch, poisoned_allocations
+from fsalab.testing import check_selected_attention, make_batch
 
 ON_GPU = torch.cuda.is_available()
 
@@ -92,12 +91,6 @@ def fla_kernels(monkeypatch):
                     monkeypatch.setattr(obj, "configs", obj.configs[:1])
 
 
-def _fla_and_grads(q, k, v, block_idx, cu, block_size, do):
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    o, lse = selected_attention(*leaves, block_idx, cu, block_size, impl="fla_nsa")
-    return (o, lse, *torch.autograd.grad(o, leaves, do))
-
-
 # fla divides 0/0 in rows that select nothing (the interpreter warns); the adapter zeroes them.
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")
@@ -109,18 +102,7 @@ def test_fla_nsa_matches_reference(fla_kernels, dtype, lengths, p_drop, seed, ge
     h_kv, g, d, block_size, topk = 1, 16, 64, 32, 3
     batch = make_batch(lengths, h_kv * g, h_kv, d, dtype=dtype, device=device, seed=seed)
     block_idx = random_block_idx(batch.cu_seqlens, h_kv, topk, block_size, gen, p_drop=p_drop)
-    q, k, v, cu = batch.q, batch.k, batch.v, batch.cu_seqlens
-    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device, dtype)
-    with poisoned_allocations():
-        actual = _fla_and_grads(q, k, v, block_idx, cu, block_size, do)
-    expected = attention_and_grads(q.float(), k.float(), v.float(), block_idx, cu, block_size, do, None, "ref")
-    native = None
-    if dtype != torch.float32:
-        with reference.native_precision():
-            native = attention_and_grads(q, k, v, block_idx, cu, block_size, do, None, "ref")
-    assert actual[0].dtype == dtype and actual[1].dtype == torch.float32
-    for i, name in enumerate(("o", "lse", "dq", "dk", "dv")):
-        assert_close(actual[i], expected[i], None if native is None else native[i], dtype=dtype, name=name)
+    check_selected_attention(functools.partial(selected_attention, impl="fla_nsa"), batch, block_idx, block_size)
 
 
 def test_fla_nsa_rejects_a_loss_on_lse(fla_kernels, device):

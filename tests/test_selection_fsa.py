@@ -8,8 +8,7 @@ included, are NaN-poisoned: an element a kernel forgets to write, or a partial a
 without it being written, fails the comparison. Shapes stay tiny: on CPU every program runs
 through the Triton interpreter.
 
-The comparison helpers generalise those of test_selection_nsa.py to any impl; the two should
-move to one shared module.
+The comparison is ``fsalab.testing.check_selected_attention``, shared with the NSA and peer tests.
 """
 
 from __future__ import annotations
@@ -21,9 +20,13 @@ import torch
 from test_selection_index import random_block_idx, selected_blocks
 
 from fsalab.config import NSAConfig
-from fsalab.ops import reference
 from fsalab.ops.selection import fsa, fsa_plan, selected_attention
-from fsalab.testing import assert_close, make_batch, poisoned_allocations
+from fsalab.testing import (
+    attention_and_grads,
+    check_selected_attention,
+    make_batch,
+    poisoned_allocations,
+)
 
 PAPER_SWITCHES = [(True, True), (False, True), (True, False), (False, False)]  # (inner_loop, early_return)
 
@@ -32,33 +35,6 @@ def impl_fn(impl: str, inner_loop: bool = True, early_return: bool = True):
     if impl == "fsa":
         return fsa.selected_attention_fsa
     return functools.partial(fsa.selected_attention_fsa_paper, inner_loop=inner_loop, early_return=early_return)
-
-
-def attention_and_grads(fn, q, k, v, block_idx, cu, block_size, do, dlse):
-    """(o, lse, dq, dk, dv) of loss sum(o * do) + sum(lse * dlse) for fresh leaves copied from q, k, v."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    o, lse = fn(*leaves, block_idx, cu, block_size)
-    loss = (o * do.to(o.dtype)).sum()
-    if dlse is not None:
-        loss = loss + (lse * dlse.to(lse.dtype)).sum()
-    return (o, lse, *torch.autograd.grad(loss, leaves))
-
-
-def check_against_reference(batch, block_idx, block_size, fn, with_dlse=False):
-    q, k, v, cu = batch.q, batch.k, batch.v, batch.cu_seqlens
-    dtype = q.dtype
-    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).to(q.device, dtype)
-    dlse = torch.randn(q.shape[:2], generator=torch.Generator().manual_seed(8)).to(q.device) if with_dlse else None
-    with poisoned_allocations():
-        actual = attention_and_grads(fn, q, k, v, block_idx, cu, block_size, do, dlse)
-    # Expected in float64, so fp32 inputs are also bounded by PyTorch's own fp32 error (large logits).
-    ref = reference.selected_attention
-    expected = attention_and_grads(ref, q.double(), k.double(), v.double(), block_idx, cu, block_size, do, dlse)
-    with reference.native_precision():
-        native = attention_and_grads(ref, q, k, v, block_idx, cu, block_size, do, dlse)
-    assert actual[0].dtype == dtype and actual[1].dtype == torch.float32
-    for i, name in enumerate(("o", "lse", "dq", "dk", "dv")):
-        assert_close(actual[i], expected[i], native[i], dtype=dtype, name=name)
 
 
 # The paper variant runs one program per query head, so it gets the cheaper half of the cases.
@@ -83,7 +59,7 @@ def test_fsa_random_selection(impl, dtype, d, g, block_size, topk, seed, gen, de
     h_kv = 2 if g <= 3 else 1  # h_kv > 1 exercises the head offsets; each program is costly here
     batch = make_batch([1, 37, 70], g * h_kv, h_kv, d, dtype=dtype, device=device, seed=seed)
     block_idx = random_block_idx(batch.cu_seqlens, h_kv, topk, block_size, gen, p_drop=0.3)
-    check_against_reference(batch, block_idx, block_size, impl_fn(impl))
+    check_selected_attention(impl_fn(impl), batch, block_idx, block_size)
 
 
 @pytest.mark.parametrize("inner_loop,early_return", PAPER_SWITCHES[1:])
@@ -92,7 +68,7 @@ def test_fsa_paper_ablation_switches(inner_loop, early_return, seed, gen, device
     (programs run the longest non-sink row's range, masked): same results."""
     batch = make_batch([30, 70], 2, 1, 64, dtype=torch.float16, device=device, seed=seed)
     block_idx = random_block_idx(batch.cu_seqlens, 1, 3, 16, gen, p_drop=0.2)
-    check_against_reference(batch, block_idx, 16, impl_fn("fsa_paper", inner_loop, early_return))
+    check_selected_attention(impl_fn("fsa_paper", inner_loop, early_return), batch, block_idx, 16)
 
 
 @pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
@@ -100,7 +76,7 @@ def test_fsa_real_selection(impl, seed, gen, device):
     """block_idx from NSA's compression + top-k path (init and local blocks forced)."""
     cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=4, init_blocks=1, local_blocks=2)
     batch = make_batch([9, 120], 4, 2, 64, dtype=torch.float16, device=device, seed=seed)
-    check_against_reference(batch, selected_blocks(batch, cfg, gen), cfg.block_size, impl_fn(impl))
+    check_selected_attention(impl_fn(impl), batch, selected_blocks(batch, cfg, gen), cfg.block_size)
 
 
 @pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
@@ -108,7 +84,7 @@ def test_fsa_two_key_tiles(impl, seed, gen, device):
     """block_size 128: dK/dV walk two key sub-tiles (the dq partial is read back and added)."""
     cfg = NSAConfig(kernel_size=32, kernel_stride=16, block_size=128, topk=2, init_blocks=1, local_blocks=1)
     batch = make_batch([260], 2, 1, 64, dtype=torch.float16, device=device, seed=seed)
-    check_against_reference(batch, selected_blocks(batch, cfg, gen), cfg.block_size, impl_fn(impl))
+    check_selected_attention(impl_fn(impl), batch, selected_blocks(batch, cfg, gen), cfg.block_size)
 
 
 @pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
@@ -123,7 +99,7 @@ def test_fsa_two_key_tiles(impl, seed, gen, device):
 def test_fsa_edge_lengths(impl, lengths, topk, seed, gen, device):
     batch = make_batch(lengths, 4, 2, 64, dtype=torch.float16, device=device, seed=seed)
     block_idx = random_block_idx(batch.cu_seqlens, 2, topk, 16, gen, p_drop=0.0)
-    check_against_reference(batch, block_idx, 16, impl_fn(impl))
+    check_selected_attention(impl_fn(impl), batch, block_idx, 16)
 
 
 @pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
@@ -133,7 +109,7 @@ def test_fsa_empty_selections(impl, seed, gen, device):
     block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.5)
     block_idx[::3] = -1  # every third token selects nothing on either head
     block_idx[1::3, 0] = -1  # some tokens select nothing on head 0 only
-    check_against_reference(batch, block_idx, 16, impl_fn(impl))
+    check_selected_attention(impl_fn(impl), batch, block_idx, 16)
     nothing = torch.full_like(block_idx, -1)
     with poisoned_allocations():
         o, lse = impl_fn(impl)(batch.q, batch.k, batch.v, nothing, batch.cu_seqlens, 16)
@@ -145,7 +121,7 @@ def test_fsa_empty_selections(impl, seed, gen, device):
 def test_fsa_large_logits(impl, dtype, q_scale, seed, gen, device):
     batch = make_batch([30, 45], 8, 2, 64, dtype=dtype, device=device, seed=seed, q_scale=q_scale)
     block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.2)
-    check_against_reference(batch, block_idx, 16, impl_fn(impl))
+    check_selected_attention(impl_fn(impl), batch, block_idx, 16)
 
 
 @pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
@@ -153,7 +129,7 @@ def test_fsa_lse_gradient(impl, seed, gen, device):
     """A loss on lse too: the backward folds dlse into delta."""
     batch = make_batch([25, 60], 6, 2, 64, dtype=torch.float32, device=device, seed=seed)
     block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.0)  # no empty rows: lse finite
-    check_against_reference(batch, block_idx, 16, impl_fn(impl), with_dlse=True)
+    check_selected_attention(impl_fn(impl), batch, block_idx, 16, with_dlse=True)
 
 
 @pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
@@ -170,7 +146,7 @@ def test_fsa_head_chunks_and_split_rows(impl, monkeypatch, seed, gen, device):
     budgets = (5 * per_head_dq, 2 * per_head_fwd) if impl == "fsa" else (2 * per_head_fwd,)
     for budget in budgets:  # the budget is per query head of a group
         monkeypatch.setattr(fsa_plan, "BUFFER_BUDGET_BYTES", budget // 5)
-        check_against_reference(batch, block_idx, 16, impl_fn(impl))
+        check_selected_attention(impl_fn(impl), batch, block_idx, 16)
 
 
 @pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
@@ -183,7 +159,7 @@ def test_fsa_dkdv_alone_two_key_tiles(impl, monkeypatch, seed, gen, device):
     monkeypatch.setattr(fsa_plan, "MIN_SPLIT_TILES", 1)
     if impl == "fsa":
         monkeypatch.setattr(fsa_plan, "BUFFER_BUDGET_BYTES", 1)
-    check_against_reference(batch, selected_blocks(batch, cfg, gen), cfg.block_size, impl_fn(impl))
+    check_selected_attention(impl_fn(impl), batch, selected_blocks(batch, cfg, gen), cfg.block_size)
 
 
 @pytest.mark.gpu
@@ -192,7 +168,7 @@ def test_fsa_fp16_g8_block128(impl, seed, gen, device):
     """The H200 failure case at a few thousand tokens (sink row split over programs)."""
     cfg = NSAConfig(kernel_size=32, kernel_stride=16, block_size=128, topk=8, init_blocks=1, local_blocks=2)
     batch = make_batch([4096], 16, 2, 128, dtype=torch.float16, device=device, seed=seed)
-    check_against_reference(batch, selected_blocks(batch, cfg, gen), cfg.block_size, impl_fn(impl))
+    check_selected_attention(impl_fn(impl), batch, selected_blocks(batch, cfg, gen), cfg.block_size)
 
 
 def test_registry_and_determinism(seed, gen, device):
@@ -235,6 +211,6 @@ def test_fsa_bf16(impl, d, g, lengths, seed, gen, device):
     for inner_loop, early_return in PAPER_SWITCHES if impl == "fsa_paper" else PAPER_SWITCHES[:1]:
         fn = impl_fn(impl, inner_loop, early_return)
         cfg = NSAConfig(block_size=64, topk=4)
-        check_against_reference(batch, selected_blocks(batch, cfg, gen), cfg.block_size, fn)
+        check_selected_attention(fn, batch, selected_blocks(batch, cfg, gen), cfg.block_size)
         block_idx = random_block_idx(batch.cu_seqlens, h_kv, 8, 32, gen, p_drop=0.3)
-        check_against_reference(batch, block_idx, 32, fn)
+        check_selected_attention(fn, batch, block_idx, 32)

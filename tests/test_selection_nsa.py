@@ -8,46 +8,23 @@ through the Triton interpreter.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from test_selection_index import random_block_idx, selected_blocks
 
 from fsalab.config import NSAConfig
-from fsalab.ops import reference
 from fsalab.ops.selection import nsa, selected_attention
 from fsalab.ops.selection.index import build_selection_index
-from fsalab.testing import assert_close, make_batch, poisoned_allocations
+from fsalab.testing import (
+    attention_and_grads,
+    check_selected_attention,
+    make_batch,
+)
 
-
-def attention_and_grads(q, k, v, block_idx, cu, block_size, do, dlse, impl):
-    """(o, lse, dq, dk, dv) of loss sum(o * do) + sum(lse * dlse) for fresh leaves copied from q, k, v."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    if impl == "nsa":
-        o, lse = selected_attention(*leaves, block_idx, cu, block_size, impl="nsa")
-    else:
-        o, lse = reference.selected_attention(*leaves, block_idx, cu, block_size)
-    loss = (o * do.to(o.dtype)).sum()
-    if dlse is not None:
-        loss = loss + (lse * dlse.to(lse.dtype)).sum()
-    grads = torch.autograd.grad(loss, leaves)
-    return (o, lse, *grads)
-
-
-def check_against_reference(batch, block_idx, block_size, with_dlse=False):
-    q, k, v, cu = batch.q, batch.k, batch.v, batch.cu_seqlens
-    dtype = q.dtype
-    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).to(q.device, dtype)
-    dlse = torch.randn(q.shape[:2], generator=torch.Generator().manual_seed(8)).to(q.device) if with_dlse else None
-    with poisoned_allocations():
-        actual = attention_and_grads(q, k, v, block_idx, cu, block_size, do, dlse, "nsa")
-    expected = attention_and_grads(q.float(), k.float(), v.float(), block_idx, cu, block_size, do, dlse, "ref")
-    native = None
-    if dtype != torch.float32:
-        with reference.native_precision():
-            native = attention_and_grads(q, k, v, block_idx, cu, block_size, do, dlse, "ref")
-    assert actual[0].dtype == dtype and actual[1].dtype == torch.float32
-    for i, name in enumerate(("o", "lse", "dq", "dk", "dv")):
-        assert_close(actual[i], expected[i], None if native is None else native[i], dtype=dtype, name=name)
+# The impl under test, through the public entry point (input checks included).
+NSA = functools.partial(selected_attention, impl="nsa")
 
 
 @pytest.mark.parametrize(
@@ -68,7 +45,7 @@ def test_nsa_random_selection(dtype, d, g, block_size, topk, seed, gen, device):
     lengths = [1, 37, 70]
     batch = make_batch(lengths, g * h_kv, h_kv, d, dtype=dtype, device=device, seed=seed)
     block_idx = random_block_idx(batch.cu_seqlens, h_kv, topk, block_size, gen, p_drop=0.3)
-    check_against_reference(batch, block_idx, block_size)
+    check_selected_attention(NSA, batch, block_idx, block_size)
 
 
 def test_nsa_real_selection(seed, gen, device):
@@ -76,14 +53,14 @@ def test_nsa_real_selection(seed, gen, device):
     cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=4, init_blocks=1, local_blocks=2)
     batch = make_batch([9, 120], 4, 1, 64, dtype=torch.float16, device=device, seed=seed)
     block_idx = selected_blocks(batch, cfg, gen)
-    check_against_reference(batch, block_idx, cfg.block_size)
+    check_selected_attention(NSA, batch, block_idx, cfg.block_size)
 
 
 def test_nsa_block64_long_sequence(seed, gen, device):
     cfg = NSAConfig(block_size=64, topk=3, init_blocks=1, local_blocks=1)
     batch = make_batch([150], 4, 1, 64, dtype=torch.float16, device=device, seed=seed)
     block_idx = selected_blocks(batch, cfg, gen)
-    check_against_reference(batch, block_idx, cfg.block_size)
+    check_selected_attention(NSA, batch, block_idx, cfg.block_size)
 
 
 @pytest.mark.parametrize(
@@ -97,7 +74,7 @@ def test_nsa_block64_long_sequence(seed, gen, device):
 def test_nsa_edge_lengths(lengths, topk, seed, gen, device):
     batch = make_batch(lengths, 4, 1, 64, dtype=torch.float16, device=device, seed=seed)
     block_idx = random_block_idx(batch.cu_seqlens, 1, topk, 16, gen, p_drop=0.0)
-    check_against_reference(batch, block_idx, 16)
+    check_selected_attention(NSA, batch, block_idx, 16)
 
 
 def test_nsa_empty_selections(seed, gen, device):
@@ -106,7 +83,7 @@ def test_nsa_empty_selections(seed, gen, device):
     block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.5)
     block_idx[::3] = -1  # every third token selects nothing on either head
     block_idx[1::3, 0] = -1  # some tokens select nothing on head 0 only
-    check_against_reference(batch, block_idx, 16)
+    check_selected_attention(NSA, batch, block_idx, 16)
     nothing = torch.full_like(block_idx, -1)
     o, lse = selected_attention(batch.q, batch.k, batch.v, nothing, batch.cu_seqlens, 16, impl="nsa")
     assert bool((o == 0).all()) and bool((lse == float("-inf")).all())
@@ -115,14 +92,14 @@ def test_nsa_empty_selections(seed, gen, device):
 def test_nsa_large_logits(seed, gen, device):
     batch = make_batch([30, 45], 8, 2, 64, dtype=torch.float16, device=device, seed=seed, q_scale=16.0)
     block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.2)
-    check_against_reference(batch, block_idx, 16)
+    check_selected_attention(NSA, batch, block_idx, 16)
 
 
 def test_nsa_lse_gradient(seed, gen, device):
     """A loss on lse too: the dq/dk/dv kernels fold dlse into delta."""
     batch = make_batch([25, 60], 6, 2, 64, dtype=torch.float32, device=device, seed=seed)
     block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.0)  # no empty rows: lse finite
-    check_against_reference(batch, block_idx, 16, with_dlse=True)
+    check_selected_attention(NSA, batch, block_idx, 16, with_dlse=True)
 
 
 def sink_block_idx(cu, h_kv, topk, block_size, gen):
@@ -138,7 +115,7 @@ def test_nsa_split_segments(monkeypatch, seed, gen, device):
     monkeypatch.setattr(nsa, "_segment_entries", lambda g: 5)
     batch = make_batch([50, 61], 6, 2, 64, dtype=torch.float16, device=device, seed=seed)
     block_idx = sink_block_idx(batch.cu_seqlens, 2, 3, 16, gen)
-    check_against_reference(batch, block_idx, 16)
+    check_selected_attention(NSA, batch, block_idx, 16)
 
 
 def test_nsa_prefetch_ablation(monkeypatch, seed, gen, device):
@@ -167,8 +144,8 @@ def test_nsa_deterministic(seed, gen, device):
     batch = make_batch([33, 20], 4, 1, 64, dtype=torch.float16, device=device, seed=seed)
     block_idx = random_block_idx(batch.cu_seqlens, 1, 3, 16, gen, p_drop=0.2)
     do = torch.randn_like(batch.q)
-    first = attention_and_grads(batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, 16, do, None, "nsa")
-    second = attention_and_grads(batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, 16, do, None, "nsa")
+    first = attention_and_grads(NSA, batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, 16, do)
+    second = attention_and_grads(NSA, batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, 16, do)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
 
@@ -197,6 +174,6 @@ def test_nsa_bf16(d, g, lengths, seed, gen, device):
     cfg = NSAConfig(block_size=64, topk=4)
     h_kv = 2
     batch = make_batch(lengths, g * h_kv, h_kv, d, dtype=torch.bfloat16, device=device, seed=seed)
-    check_against_reference(batch, selected_blocks(batch, cfg, gen), cfg.block_size)
+    check_selected_attention(NSA, batch, selected_blocks(batch, cfg, gen), cfg.block_size)
     block_idx = random_block_idx(batch.cu_seqlens, h_kv, 8, 32, gen, p_drop=0.3)
-    check_against_reference(batch, block_idx, 32)
+    check_selected_attention(NSA, batch, block_idx, 32)

@@ -54,15 +54,21 @@ def compress_params(lengths, h_kv, d, cfg, dtype, gen, grad):
             rnd(h_kv, l * d, d, scale=w_scale), rnd(h_kv, l, d, scale=0.5)], cu_seqlens_of(lengths, DEV)
 
 
-def check_compress(lengths, dtype, gen):
-    cfg = NSAConfig()
-    params, cu = compress_params(lengths, H_KV, D, cfg, dtype, gen, grad=True)
+def compare_compress_forward(params, cu, cfg):
+    """compress_kv's (k_cmp, v_cmp) against the fp32 reference; returns (outputs, reference outputs)."""
     outs = compress_kv(*params, cu, cfg)[:2]
     ref = reference.compress_kv(*params, cu, cfg)[:2]
     with reference.native_precision():
         nat = reference.compress_kv(*params, cu, cfg)[:2]
     for name, a, b, c in zip(("k_cmp", "v_cmp"), outs, ref, nat):
         assert_close(a, b, c, name=name)
+    return outs, ref
+
+
+def check_compress(lengths, dtype, gen):
+    cfg = NSAConfig()
+    params, cu = compress_params(lengths, H_KV, D, cfg, dtype, gen, grad=True)
+    outs, ref = compare_compress_forward(params, cu, cfg)
     upstream = [torch.randn(o.shape, generator=gen, device=DEV) for o in outs]
 
     def grads(o):
@@ -143,12 +149,7 @@ def run_cases(cases) -> list[str]:
 def check_compress_fwd(n, gen):
     cfg = NSAConfig()
     params, cu = compress_params([n], H_KV, D, cfg, torch.bfloat16, gen, grad=False)
-    outs = compress_kv(*params, cu, cfg)[:2]
-    ref = reference.compress_kv(*params, cu, cfg)[:2]
-    with reference.native_precision():
-        nat = reference.compress_kv(*params, cu, cfg)[:2]
-    for name, a, b, c in zip(("k_cmp", "v_cmp"), outs, ref, nat):
-        assert_close(a, b, c, name=name)
+    compare_compress_forward(params, cu, cfg)
     return "ok (k_cmp, v_cmp)"
 
 

@@ -193,6 +193,40 @@ def assert_close(
         raise AssertionError(f"{name}: max error {err:.3e} exceeds bound {bound:.3e} (dtype {dtype}, ref scale {scale:.3e})")
 
 
+def attention_and_grads(fn, q, k, v, block_idx, cu_seqlens, block_size, do, dlse=None) -> tuple[torch.Tensor, ...]:
+    """(o, lse, dq, dk, dv) of the loss sum(o * do) + sum(lse * dlse) for fresh leaves copied from
+    q, k, v; ``fn(q, k, v, block_idx, cu_seqlens, block_size) -> (o, lse)`` is a selected
+    attention (an impl, or ``reference.selected_attention``)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    o, lse = fn(*leaves, block_idx, cu_seqlens, block_size)
+    loss = (o * do.to(o.dtype)).sum()
+    if dlse is not None:
+        loss = loss + (lse * dlse.to(lse.dtype)).sum()
+    return (o, lse, *torch.autograd.grad(loss, leaves))
+
+
+def check_selected_attention(fn, batch: VarlenBatch, block_idx: torch.Tensor, block_size: int, with_dlse: bool = False) -> None:
+    """Assert a selected-attention impl's o, lse, dq, dk, dv equal the float64 reference within 2x
+    PyTorch's own error in the input dtype (the reference run under native_precision), with the
+    impl's allocations NaN-poisoned so that an element it forgets to write fails. ``with_dlse``
+    adds a random upstream gradient on lse."""
+    from .ops import reference
+
+    q, k, v, cu = batch.q, batch.k, batch.v, batch.cu_seqlens
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).to(q.device, q.dtype)
+    dlse = torch.randn(q.shape[:2], generator=torch.Generator().manual_seed(8)).to(q.device) if with_dlse else None
+    with poisoned_allocations():
+        actual = attention_and_grads(fn, q, k, v, block_idx, cu, block_size, do, dlse)
+    ref = reference.selected_attention
+    # float64, so that fp32 inputs are bounded by PyTorch's own fp32 error too (large logits).
+    expected = attention_and_grads(ref, q.double(), k.double(), v.double(), block_idx, cu, block_size, do, dlse)
+    with reference.native_precision():
+        native = attention_and_grads(ref, q, k, v, block_idx, cu, block_size, do, dlse)
+    assert actual[0].dtype == q.dtype and actual[1].dtype == torch.float32
+    for i, name in enumerate(("o", "lse", "dq", "dk", "dv")):
+        assert_close(actual[i], expected[i], native[i], dtype=q.dtype, name=name)
+
+
 def check_selection(block_idx: torch.Tensor, expected: torch.Tensor, scores: torch.Tensor, cu_seqlens: torch.Tensor, cfg: NSAConfig, rtol: float = 1e-4, positions: torch.Tensor | None = None) -> int:
     """Assert block_idx is a valid top-T under ``scores``; equal to ``expected`` where no near-tie.
 

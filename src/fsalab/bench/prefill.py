@@ -34,7 +34,7 @@ from .train import (
     release,
     run_cli,
     split_columns,
-    timed,
+    timed_with_peak,
     value_checks_off,
 )
 
@@ -72,11 +72,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
             last.append(logits)
 
         with value_checks_off():
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            t = timed(prefill, device, timing)
-            peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+            t, peak = timed_with_peak(prefill, device, timing)
             finite = bool(torch.isfinite(last[-1]).all())
             last.clear()
             names = ("attention", "mlp", "layer") if p["split"] else ("layer",)

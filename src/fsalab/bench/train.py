@@ -261,6 +261,17 @@ def timed(fn, device: torch.device, timing: dict):
     return measure(fn, device, method, warmup=timing.get("warmup", 2), repeats=timing.get("repeats", 5))
 
 
+def timed_with_peak(fn, device: torch.device, timing: dict):
+    """(timing of fn, peak GiB allocated while it ran: None off CUDA), peak counted from a
+    synchronised, reset start so the numbers cover the timed calls only."""
+    if device.type != "cuda":
+        return timed(fn, device, timing), None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    t = timed(fn, device, timing)
+    return t, torch.cuda.max_memory_allocated(device) / 2**30
+
+
 def release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -368,11 +379,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
             losses.append(loss.detach())
 
         with value_checks_off():
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            t = timed(step, device, timing)
-            peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+            t, peak = timed_with_peak(step, device, timing)
             final_loss = float(losses[-1])
             # AdamW alone (gradients present), to scale it to the full parameter count.
             for prm in model.parameters():

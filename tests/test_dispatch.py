@@ -1,35 +1,43 @@
-"""impl="auto": rules without profiling, the shape key, and the on-disk cache."""
+"""impl="auto": rules without profiling, the shape key, the on-disk cache, and the composed
+forward/backward (one impl's forward feeding another's backward) against the reference."""
 
 import json
 
 import pytest
 import torch
+from test_selection_index import random_block_idx
 
 from fsalab.ops.selection import dispatch
-from fsalab.testing import make_batch
+from fsalab.testing import check_selected_attention, make_batch
 
 
-def test_rules_pick_fsa_for_small_groups_and_nsa_for_large():
-    assert dispatch.rule(1) == "fsa" and dispatch.rule(5) == "fsa"
-    assert dispatch.rule(16) == "nsa"
+def test_rules_pick_fsa_forward_and_nsa_backward_for_large_groups():
+    assert dispatch.rule(1) == ("fsa", "fsa") and dispatch.rule(4) == ("fsa", "fsa")
+    assert dispatch.rule(5) == ("fsa", "nsa") and dispatch.rule(16) == ("fsa", "nsa")
 
 
 def test_shape_key_buckets_tokens_and_records_gradients():
     b = make_batch([300, 200], 8, 2, 64, seed=0)
     block_idx = torch.zeros(500, 2, 4, dtype=torch.int32)
     key = dispatch.shape_key(b.q, b.k, block_idx, 64)
-    assert key == "cpu|float32|g4|hkv2|d64|B64|T4|N512|grad0"
+    assert key == f"{dispatch._KEY_VERSION}|cpu|float32|g4|hkv2|d64|B64|T4|N512|grad0"
     b.q.requires_grad_(True)
     assert dispatch.shape_key(b.q, b.k, block_idx, 64).endswith("grad1")
+
+
+def test_cached_values_round_trip():
+    assert dispatch._decode(dispatch._encode(("fsa", "nsa"), grad=True)) == ("fsa", "nsa")
+    assert dispatch._encode(("nsa", "fsa"), grad=False) == "nsa"
+    assert dispatch._decode("nsa") == ("nsa", "nsa")
 
 
 def test_cache_round_trip_and_relocation(tmp_path, monkeypatch):
     path = tmp_path / "sub" / "dispatch.json"
     monkeypatch.setenv("FSALAB_DISPATCH_CACHE", str(path))
     dispatch._store("k1", "fsa")
-    dispatch._store("k2", "nsa")
-    assert json.loads(path.read_text()) == {"k1": "fsa", "k2": "nsa"}
-    assert dispatch._load() == {"k1": "fsa", "k2": "nsa"}
+    dispatch._store("k2", "fsa/nsa")
+    assert json.loads(path.read_text()) == {"k1": "fsa", "k2": "fsa/nsa"}
+    assert dispatch._load() == {"k1": "fsa", "k2": "fsa/nsa"}
     path.write_text("{not json")
     assert dispatch._load() == {}
     monkeypatch.setenv("FSALAB_DISPATCH_CACHE", "")
@@ -38,7 +46,24 @@ def test_cache_round_trip_and_relocation(tmp_path, monkeypatch):
 
 def test_auto_on_cpu_follows_the_rules():
     b = make_batch([40], 4, 2, 16, seed=1)
-    assert dispatch.choose(b.q, b.k, b.v, torch.zeros(40, 2, 2, dtype=torch.int32), b.cu_seqlens, 16) == "fsa"
+    block_idx = torch.zeros(40, 2, 2, dtype=torch.int32)
+    assert dispatch.choose(b.q, b.k, b.v, block_idx, b.cu_seqlens, 16) == ("fsa", "fsa")
+
+
+def test_auto_rejects_bad_block_size():
+    b = make_batch([40], 4, 2, 16, seed=1)
+    with pytest.raises(ValueError, match="power of two"):
+        dispatch.selected_attention_auto(b.q, b.k, b.v, torch.zeros(40, 2, 2, dtype=torch.int32), b.cu_seqlens, 24)
+
+
+@pytest.mark.parametrize("fwd,bwd", [("fsa", "nsa"), ("nsa", "fsa"), ("nsa", "nsa")])
+@pytest.mark.parametrize("dtype,g", [(torch.float32, 1), (torch.float16, 5)])
+def test_composed_forward_and_backward_match_reference(fwd, bwd, dtype, g, seed, gen, device, monkeypatch):
+    """Every pairing of forward and backward kernels is exact, lse gradient included."""
+    monkeypatch.setattr(dispatch, "choose", lambda *args, **kw: (fwd, bwd))
+    batch = make_batch([1, 37, 70], 2 * g, 2, 64, dtype=dtype, device=device, seed=seed)
+    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.3).to(device)
+    check_selected_attention(dispatch.selected_attention_auto, batch, block_idx, 16, with_dlse=True)
 
 
 @pytest.mark.gpu
@@ -47,6 +72,8 @@ def test_auto_profiles_once_and_caches(tmp_path, monkeypatch):
     dispatch._memory.clear()
     b = make_batch([4096], 8, 2, 128, dtype=torch.bfloat16, device="cuda", seed=2)
     block_idx = (torch.arange(4096, device="cuda") // 64).int()[:, None, None].expand(4096, 2, 1).contiguous()
-    impl = dispatch.choose(b.q, b.k, b.v, block_idx, b.cu_seqlens, 64)
-    assert impl in dispatch.CANDIDATES
-    assert list(json.loads((tmp_path / "d.json").read_text()).values()) == [impl]
+    b.q.requires_grad_(True)
+    fwd, bwd = dispatch.choose(b.q, b.k, b.v, block_idx, b.cu_seqlens, 64)
+    assert {fwd, bwd} <= set(dispatch.CANDIDATES)
+    assert list(json.loads((tmp_path / "d.json").read_text()).values()) == [f"{fwd}/{bwd}"]
+    assert dispatch.choose(b.q, b.k, b.v, block_idx, b.cu_seqlens, 64) == (fwd, bwd)

@@ -4,13 +4,15 @@
 # results/<platform>/ into $OUT/results.tgz. Re-running with the returned results carried
 # continues where it stopped (--skip-existing).
 #   bash scripts/gpu/run_grid.sh EXPERIMENT FILTER BUDGET_SECONDS [EXTRA RUNNER FLAGS...]
-# The runner follows the experiment: train, prefill and convergence have their own, every
-# other experiment is kernel-level (fsalab bench-kernel).
+# The runner follows the experiment: train, prefill and convergence have their own, dram runs
+# under Nsight Compute (fsalab bench-dram), every other experiment is kernel-level timing
+# (fsalab bench-kernel).
 set -uo pipefail
 exp=$1 filter=$2 budget=$3
 shift 3
 case $exp in
   train|prefill|convergence) runner=bench-$exp ;;
+  dram) runner=bench-dram ;;
   *) runner=bench-kernel ;;
 esac
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"

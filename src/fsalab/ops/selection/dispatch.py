@@ -1,10 +1,12 @@
-"""``impl="auto"``: pick the fastest selected-attention implementation per shape, once.
+"""``impl="auto"``: pick the fastest selected-attention kernels per shape and direction, once.
 
 This is the "online profiling module" the FSA paper describes (Appendix E) and its authors
 announced but did not release. On the first call with a new shape key — (GPU, dtype, g, h_kv, d,
-block_size, topk, token-count bucket, whether gradients are needed) — every candidate is timed
-on the call's own inputs (forward, plus backward when gradients are needed) and the winner is
-cached in memory and on disk. Later calls with the same key only look the winner up.
+block_size, topk, token-count bucket, whether gradients are needed) — every candidate's forward
+is timed on the call's own inputs, and when gradients are needed every candidate's backward too;
+the winners are cached in memory and on disk. Forward and backward are chosen independently:
+both kernels families read and write the same (o, lse), so e.g. FSA's forward can feed NSA's
+backward (``_Composed``). Later calls with the same key only look the winners up.
 
 Environment:
 - ``FSALAB_DISPATCH=rules`` skips profiling and applies the fixed rules below.
@@ -18,19 +20,25 @@ Profiling synchronises the device once per new key; the steady state adds no hos
 from __future__ import annotations
 
 import functools
+import importlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
 
 import torch
 
+from .index import build_selection_index
+
 CANDIDATES = ("fsa", "nsa")
-# Without profiling (CPU, or FSALAB_DISPATCH=rules): FSA's loop order wins when a group has few
-# heads to batch per token; NSA's once g fills the MMA rows. On the H200 grid
-# (results/h200/kernel.csv) this picks the fwd+bwd winner between fsa and nsa at every point;
-# see docs/perf-log.md.
-RULE_MAX_G_FOR_FSA = 8
+_MODULES = {"fsa": "fsalab.ops.selection.fsa", "nsa": "fsalab.ops.selection.nsa"}
+# Without profiling (CPU, or FSALAB_DISPATCH=rules), from the H200 grid (results/h200/kernel.csv,
+# docs/perf-log.md): FSA's forward is fastest or tied at every g up to 16; FSA's backward wins
+# while a group has few heads to batch per token, NSA's once g fills the MMA rows.
+RULE_MAX_G_FOR_FSA_BWD = 4
+# Bumped when the meaning of a cached value changes, so stale entries are re-profiled.
+_KEY_VERSION = "v2"
 
 _memory: dict[str, str] = {}
 
@@ -82,33 +90,95 @@ def shape_key(q: torch.Tensor, k: torch.Tensor, block_idx: torch.Tensor, block_s
         device = q.device.type
     bucket = 1 << max(0, (max(total, 1) - 1).bit_length())
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k))
-    return f"{device}|{str(q.dtype).removeprefix('torch.')}|g{h // h_kv}|hkv{h_kv}|d{d}|B{block_size}|T{topk}|N{bucket}|grad{int(grad)}"
+    return (f"{_KEY_VERSION}|{device}|{str(q.dtype).removeprefix('torch.')}|g{h // h_kv}|hkv{h_kv}|d{d}"
+            f"|B{block_size}|T{topk}|N{bucket}|grad{int(grad)}")
 
 
-def rule(g: int) -> str:
-    return "fsa" if g <= RULE_MAX_G_FOR_FSA else "nsa"
+def rule(g: int) -> tuple[str, str]:
+    """(forward impl, backward impl) without profiling."""
+    return "fsa", ("fsa" if g <= RULE_MAX_G_FOR_FSA_BWD else "nsa")
 
 
-def _time(fn, args, grad: bool) -> float:
+def _module(impl: str):
+    return importlib.import_module(_MODULES[impl])
+
+
+def _encode(choice: tuple[str, str], grad: bool) -> str:
+    return f"{choice[0]}/{choice[1]}" if grad else choice[0]
+
+
+def _decode(value: str) -> tuple[str, str]:
+    """A cached value: "fwd" (no gradients) or "fwd/bwd"."""
+    fwd, _, bwd = value.partition("/")
+    return fwd, bwd or fwd
+
+
+def _run_forward(fwd: str, with_index: bool, q, k, v, block_idx, cu_seqlens, block_size, scale):
+    """(o, lse, index) of impl ``fwd``; the index lists are built when the forward or a later
+    backward needs them (every impl's backward does, NSA's forward does not)."""
+    index = build_selection_index(block_idx, cu_seqlens, block_size) if with_index or fwd != "nsa" else None
+    o, lse = _module(fwd).forward_pass(q, k, v, block_idx, cu_seqlens, block_size, scale, index)
+    return o, lse, index
+
+
+class _Composed(torch.autograd.Function):
+    """Forward of one impl, backward of another (or the same): both use the same (o, lse)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_idx, cu_seqlens, block_size, scale, fwd, bwd):
+        needs_grad = any(ctx.needs_input_grad[:3])
+        o, lse, index = _run_forward(fwd, needs_grad, q, k, v, block_idx, cu_seqlens, block_size, scale)
+        ctx.save_for_backward(q, k, v, o, lse, block_idx, cu_seqlens)
+        ctx.index, ctx.args = index, (block_size, scale, bwd)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse, block_idx, cu_seqlens = ctx.saved_tensors
+        block_size, scale, bwd = ctx.args
+        do = torch.zeros_like(o) if do is None else do.contiguous()
+        dlse = None if dlse is None else dlse.contiguous().float()
+        dq, dk, dv = _module(bwd).backward_pass(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, block_size, scale, ctx.index)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def _bench(fn) -> float:
     import triton.testing
 
-    q, k, v = (t.detach().requires_grad_(grad) for t in args[:3])
-    rest = args[3:]
-
-    def step():
-        o, _ = fn(q, k, v, *rest)
-        if grad:
-            o.backward(do)
-
-    do = torch.randn(q.shape, device=q.device, dtype=q.dtype) if grad else None
-    with torch.enable_grad() if grad else torch.no_grad():
-        return float(triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median"))
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
-def choose(q, k, v, block_idx, cu_seqlens, block_size, scale=None) -> str:
-    """The impl name to run for these inputs (profiling on first sight of the shape key)."""
-    from . import resolve
+def _profile(grad: bool, q, k, v, block_idx, cu_seqlens, block_size, scale) -> tuple[str, str] | None:
+    """(fastest forward, fastest backward) on these inputs; None when every candidate ran out of
+    memory. Backward candidates are timed on one forward's (o, lse), index lists built once."""
+    args = (q, k, v, block_idx, cu_seqlens, block_size, scale)
+    fwd_ms, bwd_ms = {}, {}
+    with torch.no_grad():
+        for impl in CANDIDATES:
+            try:
+                fwd_ms[impl] = _bench(lambda impl=impl: _run_forward(impl, grad, *args))
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+        if not fwd_ms:
+            return None
+        fwd = min(fwd_ms, key=fwd_ms.get)
+        if not grad:
+            return fwd, fwd
+        o, lse, index = _run_forward(fwd, True, *args)
+        do = torch.randn_like(o)
+        for impl in CANDIDATES:
+            back = _module(impl).backward_pass
+            try:
+                bwd_ms[impl] = _bench(lambda back=back: back(q, k, v, o, lse, do, None, block_idx, cu_seqlens, block_size, scale, index))
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+    return (fwd, min(bwd_ms, key=bwd_ms.get)) if bwd_ms else None
 
+
+def choose(q, k, v, block_idx, cu_seqlens, block_size, scale=None) -> tuple[str, str]:
+    """(forward impl, backward impl) for these inputs, profiling on first sight of the shape key.
+    Inputs contiguous; ``scale`` a float or None (1/sqrt(d))."""
     g = q.shape[1] // k.shape[1]
     if q.device.type != "cuda" or os.environ.get("FSALAB_DISPATCH", "profile") == "rules":
         return rule(g)
@@ -117,18 +187,21 @@ def choose(q, k, v, block_idx, cu_seqlens, block_size, scale=None) -> str:
         _memory.update(_load())
     if key not in _memory:
         grad = key.endswith("grad1")
-        timings = {}
-        for impl in CANDIDATES:
-            try:
-                timings[impl] = _time(resolve(impl), (q, k, v, block_idx, cu_seqlens, block_size, scale), grad)
-            except torch.cuda.OutOfMemoryError:
-                torch.cuda.empty_cache()
-        _memory[key] = min(timings, key=timings.get) if timings else rule(g)
+        scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        choice = _profile(grad, q.detach(), k.detach(), v.detach(), block_idx, cu_seqlens, block_size, scale) or rule(g)
+        _memory[key] = _encode(choice, grad)
         _store(key, _memory[key])
-    return _memory[key]
+    return _decode(_memory[key])
 
 
 def selected_attention_auto(q, k, v, block_idx, cu_seqlens, block_size, scale=None):
-    from . import resolve
-
-    return resolve(choose(q, k, v, block_idx, cu_seqlens, block_size, scale))(q, k, v, block_idx, cu_seqlens, block_size, scale)
+    """Selected attention with the profiled (or rule-based) forward and backward kernels; same
+    contract as ``selection.selected_attention`` (inputs validated there)."""
+    if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"the selected-attention kernels need CUDA tensors (or TRITON_INTERPRET=1), got device {q.device}")
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    q, k, v, block_idx, cu_seqlens = (t.contiguous() for t in (q, k, v, block_idx, cu_seqlens))
+    fwd, bwd = choose(q, k, v, block_idx, cu_seqlens, block_size, scale)
+    return _Composed.apply(q, k, v, block_idx, cu_seqlens, block_size, scale, fwd, bwd)

@@ -320,6 +320,19 @@ def _backward_paper(pb: _Problem, o, lse, do, dlse, inner_loop: bool, early_retu
     return dq, dk, dv
 
 
+def forward_pass(q, k, v, block_idx, cu_seqlens, block_size, scale, index):
+    """(o, lse) of the fast FSA forward, no autograd; contiguous inputs, float ``scale``,
+    ``index`` = ``build_selection_index(block_idx, cu_seqlens, block_size)`` (the signature
+    ``dispatch`` composes across impls)."""
+    return _forward_fast(_Problem(q, k, v, index, block_size, scale))
+
+
+def backward_pass(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, block_size, scale, index):
+    """(dq, dk, dv) of the fast FSA backward for any forward's (o, lse); dlse [total, h] fp32
+    or None."""
+    return _backward_fast(_Problem(q, k, v, index, block_size, scale), o, lse, do, dlse)
+
+
 class _FSAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, block_idx, cu_seqlens, block_size, scale, paper, inner_loop, early_return):

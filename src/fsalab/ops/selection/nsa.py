@@ -467,6 +467,21 @@ def _backward(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale
     return dq, dk, dv
 
 
+def forward_pass(q, k, v, block_idx, cu_seqlens, block_size, scale, index):
+    """(o, lse) of the query-outer kernel, no autograd; contiguous inputs, float ``scale``.
+    ``index`` is unused (the forward needs no index lists): the signature is the one
+    ``dispatch`` composes across impls."""
+    o, lse, _ = _forward(q, k, v, block_idx, cu_seqlens, block_size, scale)
+    return o, lse
+
+
+def backward_pass(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, block_size, scale, index):
+    """(dq, dk, dv) of the query-outer kernels for any forward's (o, lse); ``index`` is
+    ``build_selection_index(block_idx, cu_seqlens, block_size)``; dlse [total, h] fp32 or None."""
+    tok_start = token_starts(cu_seqlens, q.shape[0])
+    return _backward(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale, index)
+
+
 class _SelectedAttentionNSA(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, block_idx, cu_seqlens, block_size, scale, index):

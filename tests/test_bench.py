@@ -199,6 +199,11 @@ def test_ncu_csv_parsing_and_model():
     assert kernels[0]["read_bytes"] == pytest.approx(1024.5e6) and kernels[0]["write_bytes"] == pytest.approx(512e3)
     assert kernels[0]["time_ms"] == pytest.approx(0.25) and kernels[1]["read_bytes"] == 100
     assert dram.parse_ncu_csv("no csv here") == []
+    short = NCU_CSV.replace('"usecond","250"', '"ns","250000"').replace('"Mbyte"', '"MB"')
+    assert dram.parse_ncu_csv(short)[0]["time_ms"] == pytest.approx(0.25)  # the H200's ncu prints "ns"
+    assert dram.parse_ncu_csv(short)[0]["read_bytes"] == pytest.approx(1024.5e6)
+    with pytest.raises(ValueError, match="unknown Nsight Compute unit"):
+        dram.parse_ncu_csv(NCU_CSV.replace('"usecond"', '"fortnight"'))
     p = {**grid.expand(_tiny_exp())[0], "impl": "nsa", "N": 65536, "batch": 1, "h_kv": 4, "g": 4, "d": 128,
          "block_size": 64, "topk": 16, "dtype": "bfloat16"}
     nsa = dram.model_bytes(p)

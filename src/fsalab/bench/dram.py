@@ -33,8 +33,11 @@ from .provenance import detect_platform, provenance
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 RANGE = "fsalab_measure"
+# Nsight Compute versions spell units either way ("nsecond" / "ns", "Kbyte" / "KB").
 _UNITS = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
-          "nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+          "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+          "nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3,
+          "ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
 def find_ncu() -> str | None:
@@ -60,7 +63,10 @@ def parse_ncu_csv(text: str) -> list[dict]:
             continue
         k = kernels.setdefault(rec["ID"], {"kernel": rec.get("Kernel Name", ""), "read_bytes": 0.0,
                                            "write_bytes": 0.0, "time_ms": 0.0})
-        value = float(rec["Metric Value"].replace(",", "")) * _UNITS.get(rec.get("Metric Unit", "").strip().lower(), 1.0)
+        unit = rec.get("Metric Unit", "").strip().lower()
+        if unit not in _UNITS:
+            raise ValueError(f"unknown Nsight Compute unit {rec.get('Metric Unit')!r} for {rec['Metric Name']}")
+        value = float(rec["Metric Value"].replace(",", "")) * _UNITS[unit]
         field = {"dram__bytes_read.sum": "read_bytes", "dram__bytes_write.sum": "write_bytes",
                  "gpu__time_duration.sum": "time_ms"}[rec["Metric Name"]]
         k[field] += value

@@ -83,7 +83,8 @@ def load_experiment(name_or_path: str | Path, smoke: bool = False) -> dict:
 
 
 def point_id(p: dict) -> str:
-    """Stable, file-name-safe id, e.g. ``trainstep-llama3-8b-fsa-N65536-b1-L2-B64-T16-bf16``."""
+    """Stable, file-name-safe id, e.g. ``trainstep-llama3-8b-fsa-N65536-b1-L2-B64-T16-bf16``
+    (convergence runs end with their step count, ``-S500``)."""
     layers = "full" if p.get("layers") in (None, 0) else p["layers"]
     parts = [p["op"].replace("_", ""), p["model"], p["impl"], f"N{p['N']}", f"b{p['batch']}", f"L{layers}",
              f"B{p['block_size']}", f"T{p['topk']}", _DTYPE_TAGS[p["dtype"]]]
@@ -91,6 +92,8 @@ def point_id(p: dict) -> str:
         parts.append(f"w{p['window_size']}")
     if p.get("parallel", "none") != "none":
         parts.append(p["parallel"])
+    if p["op"] == "convergence":  # a longer run of the same model is a different result
+        parts.append(f"S{p['steps']}")
     return "-".join(re.sub(r"[^A-Za-z0-9.\-]+", "", str(x)) for x in parts)
 
 

@@ -3,8 +3,10 @@
 For each impl at the kernel experiment's points (default: g = 1, (64, 16), 8K and 64K, fwd and
 bwd): the do_bench median (what results/h200/kernel.csv reports), the host time to enqueue
 one call (mean over 50 calls, each started on an idle GPU), and the device time (sum of the CUDA kernels' durations
-per call, from torch.profiler), with the number of kernels launched per call. When the host
-time exceeds the device time the call is launch-bound and the median sits on the host time.
+per call, from torch.profiler), with the number of kernels launched per call, and the do_bench
+median of the same call replayed from a CUDA graph (no launch path; the call has no host sync,
+so it can be captured). When the host time exceeds the device time the call is launch-bound
+and the median sits on the host time; the graph replay shows what the call costs without it.
 
     python scripts/gpu/profile_launch.py [--impls fsa,nsa,fsa_paper] [--json out.json]
 """
@@ -56,6 +58,25 @@ def device_ms(fn) -> tuple[float, float]:
     return total_us / 10 / 1e3, len(kernels) / 10
 
 
+def graph_ms(fn) -> float | None:
+    """do_bench median of ``fn`` replayed from a CUDA graph; None (reason on stderr) when the
+    call cannot be captured."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):  # capture needs warm-up work off the default stream
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as exc:  # noqa: BLE001 - whatever stops the capture is the finding, reported
+        print(f"CUDA graph capture failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+    return do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--impls", default="fsa,nsa,fsa_paper")
@@ -78,13 +99,15 @@ def main() -> int:
             med = do_bench(fn, warmup=25, rep=100, return_mode="median")
             host = host_ms(fn)
             dev, kernels = device_ms(fn)
+            graphed = graph_ms(fn)
         row = {"point": p["id"], "impl": p["impl"], "direction": p["direction"], "N": p["N"], "median_ms": med,
-               "host_ms": host, "device_ms": dev, "kernels_per_call": kernels}
+               "host_ms": host, "device_ms": dev, "kernels_per_call": kernels, "graph_ms": graphed}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(f"\n{'point':62s} {'median':>8s} {'host':>8s} {'device':>8s} {'kernels':>8s}")
+    print(f"\n{'point':62s} {'median':>8s} {'host':>8s} {'device':>8s} {'kernels':>8s} {'graph':>8s}")
     for r in rows:
-        print(f"{r['point']:62s} {r['median_ms']:8.3f} {r['host_ms']:8.3f} {r['device_ms']:8.3f} {r['kernels_per_call']:8.1f}")
+        graphed = "failed" if r["graph_ms"] is None else f"{r['graph_ms']:8.3f}"
+        print(f"{r['point']:62s} {r['median_ms']:8.3f} {r['host_ms']:8.3f} {r['device_ms']:8.3f} {r['kernels_per_call']:8.1f} {graphed:>8s}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -32,7 +32,7 @@ def test_fsdp2_train_step_two_processes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     row = json.loads(out.read_text())
     assert row["status"] == "ok", row.get("traceback", row["message"])
-    assert row["world_size"] == 2 and row["parallel"] == "fsdp" and row["point"].endswith("-fsdp")
+    assert row["world_size"] == 2 and row["parallel"] == "fsdp" and row["point"].endswith("-fsdp2")
     assert row["local_param_fraction"] == pytest.approx(0.5, abs=0.01)
     assert row["n_samples"] == 2 and row["loss"] == row["loss"]
 
@@ -80,4 +80,4 @@ def test_tensor_parallel_prefill_two_processes():
         for name, err, scale in results:
             assert err <= 1e-5 * max(1.0, scale), f"rank {rank} {name}: max abs diff {err}"
         assert row["status"] == "ok", row["message"]
-        assert row["world_size"] == 2 and row["layers"] == 2 and row["point"].endswith("-tp")
+        assert row["world_size"] == 2 and row["layers"] == 2 and row["point"].endswith("-tp2")

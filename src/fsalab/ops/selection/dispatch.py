@@ -5,7 +5,7 @@ announced but did not release. On the first call with a new shape key — (GPU, 
 block_size, topk, token-count bucket, whether gradients are needed) — every candidate's forward
 is timed on the call's own inputs, and when gradients are needed every candidate's backward too;
 the winners are cached in memory and on disk. Forward and backward are chosen independently:
-both kernels families read and write the same (o, lse), so e.g. FSA's forward can feed NSA's
+both kernel families read and write the same (o, lse), so e.g. FSA's forward can feed NSA's
 backward (``_Composed``). Later calls with the same key only look the winners up.
 
 Environment:

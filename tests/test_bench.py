@@ -205,10 +205,11 @@ def test_ncu_csv_parsing_and_model():
     with pytest.raises(ValueError, match="unknown Nsight Compute unit"):
         dram.parse_ncu_csv(NCU_CSV.replace('"usecond"', '"fortnight"'))
     p = {**grid.expand(_tiny_exp())[0], "impl": "nsa", "N": 65536, "batch": 1, "h_kv": 4, "g": 4, "d": 128,
-         "block_size": 64, "topk": 16, "dtype": "bfloat16"}
+         "block_size": 64, "topk": 16, "dtype": "bfloat16", "direction": "fwd"}
     nsa = dram.model_bytes(p)
     fsa = dram.model_bytes({**p, "impl": "fsa_paper"})
     assert set(nsa) == {"paper", "causal", "fsalab"} and fsa["paper"] / nsa["paper"] == pytest.approx(0.2133, abs=5e-4)
+    assert dram.model_bytes({**p, "direction": "bwd"}) == {}  # the models cover the forward only
 
 
 def test_dram_without_ncu_is_unsupported():

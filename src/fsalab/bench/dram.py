@@ -9,7 +9,8 @@ time under the profiler, one sample, timing method ``ncu``), ``dram_bytes`` (rea
 per-kernel list, and the theory model's bytes for the same kernel(s) (``model_bytes``).
 
 Without a CUDA device or without ``ncu`` on PATH (or in $CUDA_HOME/bin) the row is
-``unsupported``. Points use op ``selected``, direction ``fwd`` (the model covers the forward).
+``unsupported``. Points use op ``selected``, direction ``fwd`` (beside the model, which covers
+the forward) or ``bwd`` (measured bytes only; the forward runs outside the profiled range).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 
 from .. import theory
-from .kernel import _base_row, _classify
+from .kernel import _base_row, _classify, _timed_callable
 from .provenance import detect_platform, provenance
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
@@ -75,6 +76,8 @@ def parse_ncu_csv(text: str) -> list[dict]:
 
 def model_bytes(p: dict) -> dict[str, float]:
     """The theory models' memory traffic for the impl of point ``p`` (bytes)."""
+    if p["direction"] != "fwd":
+        return {}  # the models describe the forward kernels only
     s = theory.Shape(N=p["N"] * p["batch"], h_kv=p["h_kv"], g=p["g"], d=p["d"], block_size=p["block_size"],
                      topk=p["topk"], bytes_per_elem=2 if p["dtype"] != "float32" else 4)
     if p["impl"] == "nsa":
@@ -93,12 +96,13 @@ def _target(p: dict) -> None:
     bound = ops.bind(p["op"], p["impl"], p.get("options"))
     inputs = make_inputs(p, device, need_indices=bound.need_indices)
     os.environ["FSALAB_VALUE_CHECKS"] = "0"
-    with torch.no_grad():
-        bound.fn(inputs)
-        torch.cuda.synchronize()
-        with torch.cuda.nvtx.range(RANGE):
-            bound.fn(inputs)
-        torch.cuda.synchronize()
+    # The direction's work alone: for bwd the forward runs (once) outside the profiled range.
+    fn = _timed_callable(bound, inputs, p["direction"], p["seed"])
+    fn()
+    torch.cuda.synchronize()
+    with torch.cuda.nvtx.range(RANGE):
+        fn()
+    torch.cuda.synchronize()
 
 
 def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:

@@ -64,6 +64,20 @@ def test_point_ids_are_stable_and_distinct():
     assert b["id"] == a["id"] + "-innerloop0"
 
 
+def test_e2e_point_ids_carry_steps_and_rank_count(monkeypatch):
+    """Convergence runs of different lengths, and parallel runs at different rank counts, write
+    different files."""
+    from fsalab.bench import train
+
+    conv = {**train.DEFAULTS, "op": "convergence", "model": "llama3-8b", "impl": "fsa", "N": 4096, "steps": 3000,
+            "dtype": "bfloat16"}
+    assert train.point_id(conv).endswith("-S3000")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    tp = {**train.DEFAULTS, "op": "prefill", "model": "llama3-8b", "impl": "nsa", "N": 32768, "parallel": "tp",
+          "dtype": "float16"}
+    assert train.point_id(tp).endswith("-tp4")
+
+
 def test_runner_writes_valid_reference_row(tmp_path):
     exp = _tiny_exp()
     point = grid.expand(exp)[0]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fsa_fwd import LOG2E, _work_item
+from .fsa_fwd import LOG2E, _gather_rows, _work_item
 
 
 @triton.jit
@@ -94,16 +94,11 @@ def _dkdv_subtile(
     dk_acc = tl.zeros([BLOCK_N, D], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, D], tl.float32)
     for mt in range(n_mt):
-        t0 = c0 + mt * TOK
-        valid = (ii < TOK) & (t0 + ii < row_len)
-        pos = p_row + t0 + ii
-        tok = tl.load(token_ids + pos, mask=valid, other=0)
-        tok64 = tok.to(tl.int64)
-        qp = tok64[:, None] * stride_qt + hq[:, None] * stride_qh + dd[None, :]
-        qmask = valid[:, None] & dmask[None, :]
+        valid, pos, tok, qp, qmask, lp = _gather_rows(
+            token_ids, p_row, c0 + mt * TOK, ii, row_len, hq, dd, dmask, stride_qt, stride_qh, stride_lt, TOK
+        )
         q_t = tl.load(q + qp, mask=qmask, other=0.0)
         do_t = tl.load(do + qp, mask=qmask, other=0.0)
-        lp = tok64 * stride_lt + hq
         lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E
         dl = tl.load(delta + lp, mask=valid, other=0.0)
         live = valid[:, None] & (c < kl)[None, :] & ((kb + c)[None, :] <= tok[:, None])

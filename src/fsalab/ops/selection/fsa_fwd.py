@@ -57,6 +57,19 @@ def _work_item(pid, first, item_row, item_sub, r_begin, r_end):
 
 
 @triton.jit
+def _gather_rows(token_ids, p_row, t0, ii, row_len, hq, dd, dmask, stride_qt, stride_qh, stride_lt, TOK: tl.constexpr):
+    """A tile of TOK selecting tokens, entries p_row + t0 + ii of one CSR row (ii in [0, rows)):
+    (valid [rows], pos [rows] entry index, tok [rows] token id, qp [rows, D] offsets of their q/dO
+    rows, qmask [rows, D], lp [rows] offsets of their lse/delta)."""
+    valid = (ii < TOK) & (t0 + ii < row_len)
+    pos = p_row + t0 + ii
+    tok = tl.load(token_ids + pos, mask=valid, other=0)
+    tok64 = tok.to(tl.int64)
+    qp = tok64[:, None] * stride_qt + hq[:, None] * stride_qh + dd[None, :]
+    return valid, pos, tok, qp, valid[:, None] & dmask[None, :], tok64 * stride_lt + hq
+
+
+@triton.jit
 def _partial_kernel(
     q, k, v, do, lse, delta, obuf, lbuf,
     row_ptr, token_ids, blk_start, blk_len, blk_local,
@@ -111,15 +124,10 @@ def _partial_kernel(
             v_blk = tl.load(v + kp, mask=kmask, other=0.0)
 
     for mt in range(n_mt):
-        t0 = c0 + mt * TOK
-        valid = (ii < TOK) & (t0 + ii < row_len)
-        pos = p_row + t0 + ii
-        tok = tl.load(token_ids + pos, mask=valid, other=0)
-        tok64 = tok.to(tl.int64)
-        qp = tok64[:, None] * stride_qt + hq[:, None] * stride_qh + dd[None, :]
-        qmask = valid[:, None] & dmask[None, :]
+        valid, pos, tok, qp, qmask, lp = _gather_rows(
+            token_ids, p_row, c0 + mt * TOK, ii, row_len, hq, dd, dmask, stride_qt, stride_qh, stride_lt, TOK
+        )
         q_t = tl.load(q + qp, mask=qmask, other=0.0)
-        lp = tok64 * stride_lt + hq
         if MODE == PAPER or MODE == DQ:
             lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E
         if MODE == DQ:

@@ -165,7 +165,7 @@ def _launch_merge(pb, chunk, mode, obuf, lbuf, out, lse_out):
         dummy if out is None else out, dummy if lse_out is None else lse_out,
         pb.total, pb.h_kv, pb.topk, chunk.hk0, chunk.hk0 * pb.cap, pb.g, chunk.j0, pb.d,
         pb.q.stride(0), pb.q.stride(1), pb.h,
-        G=G, TOK=tok, BLOCK_R=block_r, D=pb.D, MODE=mode, num_warps=4,
+        G=G, TOK=tok, BLOCK_R=block_r, TOPK_P=plan.pow2(pb.topk), D=pb.D, MODE=mode, num_warps=4,
     )
 
 

@@ -181,10 +181,16 @@ def _partial_kernel(
 def _merge_kernel(
     obuf, lbuf, slot_pos, row_ptr, out, lse_out,
     total, h_kv, topk, hk0, r_begin, g, j0, d, stride_ot, stride_oh, stride_lt,
-    G: tl.constexpr, TOK: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr, MODE: tl.constexpr,
+    G: tl.constexpr, TOK: tl.constexpr, BLOCK_R: tl.constexpr, TOPK_P: tl.constexpr, D: tl.constexpr,
+    MODE: tl.constexpr,
 ):
     """One program per (TOK tokens, KV head of the chunk): rows are token-major x G heads; each
-    row walks its token's topk slots through slot_pos and merges the partials it finds."""
+    row merges the partials its token's topk slots point to (slot_pos).
+
+    Two passes so that the partial loads do not wait on one another: the lse of every slot is
+    gathered at once ([BLOCK_R, TOPK_P]) and reduced to the token's final lse, after which each
+    partial's weight 2^(lse_p - lse) is known on its own and the o-partials are a weighted sum
+    of independent loads (a running rescale would chain each load to the previous one)."""
     hk = hk0 + tl.program_id(1)
     rr = tl.arange(0, BLOCK_R)
     ii = rr // G
@@ -198,34 +204,27 @@ def _merge_kernel(
     base = tl.load(row_ptr + r_begin)
     slots = slot_pos + (t64 * h_kv + hk) * topk
 
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, D], tl.float32)
-    for kk in range(topk):
-        pos = tl.load(slots + kk, mask=valid, other=-1)
-        ok = pos >= 0
-        brow = (pos - base).to(tl.int64) * G + jj
-        optr = obuf + brow[:, None] * d + dd[None, :]
-        omask = ok[:, None] & dmask[None, :]
-        if MODE == SUM:
-            acc += tl.load(optr, mask=omask, other=0.0).to(tl.float32)
-        else:
-            x = tl.load(lbuf + brow, mask=ok, other=float("-inf"))
-            m_new = tl.maximum(m, x)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m - m_use)
-            beta = tl.exp2(x - m_use)
-            l = l * alpha + beta
-            if MODE == LSE:
-                o_k = tl.load(optr, mask=omask, other=0.0).to(tl.float32)
-                acc = acc * alpha[:, None] + beta[:, None] * o_k
-            m = m_new
+    if MODE != SUM:
+        kk = tl.arange(0, TOPK_P)
+        pos = tl.load(slots[:, None] + kk[None, :], mask=valid[:, None] & (kk < topk)[None, :], other=-1)
+        x = tl.load(lbuf + (pos - base).to(tl.int64) * G + jj[:, None], mask=pos >= 0, other=float("-inf"))
+        m = tl.max(x, 1)
+        m_use = tl.where(m == float("-inf"), 0.0, m)
+        l = tl.sum(tl.exp2(x - m_use[:, None]), 1)
+        lse2 = m_use + tl.log2(tl.where(l > 0, l, 1.0))  # finite: rows with no partials get weight 0
+        tl.store(lse_out + t64 * stride_lt + hq, tl.where(l > 0, lse2 * LN2, float("-inf")), mask=valid)
 
     if MODE != LSE_ONLY:
-        if MODE == LSE:
-            acc = acc * (1.0 / tl.where(l > 0, l, 1.0))[:, None]  # one division per row
+        acc = tl.zeros([BLOCK_R, D], tl.float32)
+        for k in range(topk):
+            pos_k = tl.load(slots + k, mask=valid, other=-1)
+            ok = pos_k >= 0
+            brow = (pos_k - base).to(tl.int64) * G + jj
+            o_k = tl.load(obuf + brow[:, None] * d + dd[None, :], mask=ok[:, None] & dmask[None, :], other=0.0)
+            if MODE == LSE:
+                w = tl.exp2(tl.load(lbuf + brow, mask=ok, other=float("-inf")) - lse2)
+                acc += w[:, None] * o_k.to(tl.float32)
+            else:
+                acc += o_k.to(tl.float32)
         op = t64[:, None] * stride_ot + hq[:, None] * stride_oh + dd[None, :]
         tl.store(out + op, acc.to(out.dtype.element_ty), mask=valid[:, None] & dmask[None, :])
-    if MODE != SUM:
-        lse_val = tl.where(l > 0, (m + tl.log2(tl.where(l > 0, l, 1.0))) * LN2, float("-inf"))
-        tl.store(lse_out + t64 * stride_lt + hq, lse_val, mask=valid)

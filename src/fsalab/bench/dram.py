@@ -2,7 +2,10 @@
 
 ``run_point`` re-launches this module under ``ncu --clock-control none`` with the point as
 ``--target``: the target process builds the inputs, runs the op once untimed (compile, autotune),
-then once inside the NVTX range ``fsalab_measure``, the only range ncu profiles. The CSV ncu
+then once between ``cudaProfilerStart`` and ``cudaProfilerStop`` (ncu runs with
+``--profile-from-start off``), the only kernels ncu profiles. The profiler range is process-wide,
+so it also holds the kernels autograd's own thread launches for the backward, which an NVTX
+push/pop range (per thread) misses. The CSV ncu
 prints is summed per kernel: ``dram__bytes_read.sum``, ``dram__bytes_write.sum`` and
 ``gpu__time_duration.sum``. The row carries the DESIGN columns (``median_ms`` = summed kernel
 time under the profiler, one sample, timing method ``ncu``), ``dram_bytes`` (read + write), the
@@ -33,7 +36,6 @@ from .kernel import _base_row, _classify, _timed_callable
 from .provenance import detect_platform, provenance
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
-RANGE = "fsalab_measure"
 # Nsight Compute versions spell units either way ("nsecond" / "ns", "Kbyte" / "KB").
 _UNITS = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
           "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
@@ -100,9 +102,10 @@ def _target(p: dict) -> None:
     fn = _timed_callable(bound, inputs, p["direction"], p["seed"])
     fn()
     torch.cuda.synchronize()
-    with torch.cuda.nvtx.range(RANGE):
-        fn()
+    torch.cuda.profiler.start()
+    fn()
     torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
 
 
 def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
@@ -114,8 +117,8 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
         ncu = find_ncu()
         if device.type != "cuda" or ncu is None:
             raise NotImplementedError("DRAM traffic needs a CUDA device and Nsight Compute (ncu)")
-        cmd = [ncu, "--clock-control", "none", "--metrics", ",".join(METRICS), "--csv", "--nvtx",
-               "--nvtx-include", f"{RANGE}/", "--target-processes", "all",
+        cmd = [ncu, "--clock-control", "none", "--metrics", ",".join(METRICS), "--csv",
+               "--profile-from-start", "off", "--target-processes", "all",
                sys.executable, "-m", "fsalab.bench.dram", "--target", json.dumps(p)]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)  # status read below
         kernels = parse_ncu_csv(out.stdout)

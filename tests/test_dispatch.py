@@ -66,6 +66,21 @@ def test_composed_forward_and_backward_match_reference(fwd, bwd, dtype, g, seed,
     check_selected_attention(dispatch.selected_attention_auto, batch, block_idx, 16, with_dlse=True)
 
 
+@pytest.mark.parametrize("fwd", ["fsa", "nsa"])
+def test_auto_inference_skips_autograd_and_matches_the_training_path(fwd, gen, device, monkeypatch):
+    """Under no_grad auto runs the forward kernel directly: same (o, lse) bits, no graph node."""
+    monkeypatch.setattr(dispatch, "choose", lambda *args, **kw: (fwd, "fsa"))
+    batch = make_batch([1, 37, 70], 4, 2, 64, dtype=torch.float16, device=device, seed=3)
+    block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.3).to(device)
+    args = (batch.cu_seqlens, 16)
+    q = batch.q.detach().clone().requires_grad_(True)
+    o_train, lse_train = dispatch.selected_attention_auto(q, batch.k, batch.v, block_idx, *args)
+    with torch.no_grad():
+        o_inf, lse_inf = dispatch.selected_attention_auto(q, batch.k, batch.v, block_idx, *args)
+    assert o_train.grad_fn is not None and o_inf.grad_fn is None and lse_inf.grad_fn is None
+    assert torch.equal(o_inf, o_train.detach()) and torch.equal(lse_inf, lse_train.detach())
+
+
 @pytest.mark.gpu
 def test_auto_profiles_once_and_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("FSALAB_DISPATCH_CACHE", str(tmp_path / "d.json"))

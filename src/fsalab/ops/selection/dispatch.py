@@ -204,4 +204,8 @@ def selected_attention_auto(q, k, v, block_idx, cu_seqlens, block_size, scale=No
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     q, k, v, block_idx, cu_seqlens = (t.contiguous() for t in (q, k, v, block_idx, cu_seqlens))
     fwd, bwd = choose(q, k, v, block_idx, cu_seqlens, block_size, scale)
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        # Inference: no autograd node to build, and at short lengths the call is host-bound.
+        o, lse, _ = _run_forward(fwd, False, q, k, v, block_idx, cu_seqlens, block_size, scale)
+        return o, lse
     return _Composed.apply(q, k, v, block_idx, cu_seqlens, block_size, scale, fwd, bwd)

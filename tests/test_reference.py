@@ -84,3 +84,36 @@ def test_reference_runs_thousands_of_tokens_quickly():
     start = time.perf_counter()
     run_reference(batch, params, torch.zeros(batch.total, 8, 3), cfg)
     assert time.perf_counter() - start < 30.0
+
+
+def test_selected_reference_keeps_no_gathered_kv_for_the_backward(monkeypatch, gen):
+    """With gradients, the per-token gathered K/V of each chunk are recomputed in the backward
+    instead of kept (at 2048 tokens, h_kv = 64 and 1024 selected keys they would be ~130 GiB):
+    what autograd stores stays near the inputs' size, and the gradients equal an unchunked run."""
+    h_kv, g, d, block_size, topk = 4, 2, 32, 16, 4
+    batch = make_batch([200, 57], h_kv * g, h_kv, d, seed=3)
+    pos = torch.cat([torch.arange(n) for n in (200, 57)])
+    own = (pos // block_size)[:, None, None]
+    block_idx = (own - torch.arange(topk)).clamp(min=-1).expand(-1, h_kv, -1).to(torch.int32).contiguous()
+    do = torch.randn(batch.q.shape, generator=gen)
+
+    def grads():
+        q, k, v = (t.detach().clone().requires_grad_(True) for t in (batch.q, batch.k, batch.v))
+        saved = {}
+
+        def pack(t):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            o, _ = reference.selected_attention(q, k, v, block_idx, batch.cu_seqlens, block_size)
+        return torch.autograd.grad(o, (q, k, v), do), sum(saved.values())
+
+    whole, _ = grads()
+    monkeypatch.setattr(reference, "_CHUNK_BUDGET", 1 << 14)  # many chunks, as at benchmark sizes
+    chunked, kept = grads()
+    inputs = sum(t.numel() * 4 for t in (batch.q, batch.k, batch.v))
+    gathered = batch.total * h_kv * topk * block_size * d * 4 * 2
+    assert kept < 4 * inputs < gathered
+    for a, b in zip(whole, chunked):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

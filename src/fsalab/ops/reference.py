@@ -16,6 +16,7 @@ import contextvars
 import math
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ..config import NSAConfig
 from ..varlen import (
@@ -281,13 +282,21 @@ def selected_attention(
     pos = local_positions(cu_seqlens, total)
     within = torch.arange(block_size, device=q.device)
     heads = torch.arange(h_kv, device=q.device)[None, :, None]
+
+    def attend(qc, k32, v32, blk, pos_c, start_c):
+        key_pos = (blk[..., None] * block_size + within).flatten(2)  # [c, h_kv, T*B] local positions
+        valid = (blk >= 0).repeat_interleave(block_size, -1) & (key_pos <= pos_c[:, None, None])
+        key = torch.where(valid, key_pos + start_c[:, None, None], torch.zeros_like(key_pos))
+        return _softmax_attend(qc, k32[key, heads], v32[key, heads], valid[:, :, None, :], scale)
+
+    # With gradients, each chunk's gathered K/V ([c, h_kv, T*B, d] fp32) would stay alive until
+    # the backward: 2 * 2048 * 64 * 1024 * 128 * 4 B = 128 GiB for a 2048-token check at h_kv = 64,
+    # T*B = 1024 (the longctx OOM). Recompute it there instead.
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     outs, lses = [], []
     for lo, hi in _chunks(total, h_kv * topk * block_size * (2 * d + g)):
-        blk = block_idx[lo:hi].long()  # [c, h_kv, T]
-        key_pos = (blk[..., None] * block_size + within).flatten(2)  # [c, h_kv, T*B] local positions
-        valid = (blk >= 0).repeat_interleave(block_size, -1) & (key_pos <= pos[lo:hi, None, None])
-        key = torch.where(valid, key_pos + start[lo:hi, None, None], torch.zeros_like(key_pos))
-        o, lse = _softmax_attend(qg[lo:hi], k32[key, heads], v32[key, heads], valid[:, :, None, :], scale)
+        args = (qg[lo:hi], k32, v32, block_idx[lo:hi].long(), pos[lo:hi], start[lo:hi])
+        o, lse = checkpoint(attend, *args, use_reentrant=False) if grad else attend(*args)
         outs.append(o)
         lses.append(lse)
     return _cat(outs, (0, h_kv, g, d), q, dt).reshape(total, h, d), _cat(lses, (0, h_kv, g), q, dt).reshape(total, h)

@@ -88,7 +88,7 @@ def test_reference_runs_thousands_of_tokens_quickly():
 
 def test_selected_reference_keeps_no_gathered_kv_for_the_backward(monkeypatch, gen):
     """With gradients, the per-token gathered K/V of each chunk are recomputed in the backward
-    instead of kept (at 2048 tokens, h_kv = 64 and 1024 selected keys they would be ~130 GiB):
+    instead of kept (at 2048 tokens, h_kv = 64 and 1024 selected keys they would be 128 GiB):
     what autograd stores stays near the inputs' size, and the gradients equal an unchunked run."""
     h_kv, g, d, block_size, topk = 4, 2, 32, 16, 4
     batch = make_batch([200, 57], h_kv * g, h_kv, d, seed=3)

@@ -19,10 +19,10 @@ def test_rules_pick_fsa_forward_and_nsa_backward_for_large_groups():
 def test_shape_key_buckets_tokens_and_records_gradients():
     b = make_batch([300, 200], 8, 2, 64, seed=0)
     block_idx = torch.zeros(500, 2, 4, dtype=torch.int32)
-    key = dispatch.shape_key(b.q, b.k, block_idx, 64)
+    key = dispatch.shape_key(b.q, b.k, b.v, block_idx, 64)
     assert key == f"{dispatch._KEY_VERSION}|cpu|float32|g4|hkv2|d64|B64|T4|N512|grad0"
-    b.q.requires_grad_(True)
-    assert dispatch.shape_key(b.q, b.k, block_idx, 64).endswith("grad1")
+    b.v.requires_grad_(True)  # any of q, k, v: the same test the call uses to build a graph
+    assert dispatch.shape_key(b.q, b.k, b.v, block_idx, 64).endswith("grad1")
 
 
 def test_cached_values_round_trip():

@@ -33,6 +33,15 @@ def _expect(cond: torch.Tensor, message: str) -> None:
         torch._assert_async(cond, message)
 
 
+def check_kernel_call(device: torch.device, block_size, kernel: str) -> None:
+    """What the selected-attention kernels assume beyond ``check_attention_inputs``: block_size a
+    power of two >= 16, and CUDA tensors unless the Triton interpreter runs them (TRITON_INTERPRET=1)."""
+    if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"{kernel} need CUDA tensors (or TRITON_INTERPRET=1), got device {device}")
+
+
 def check_tensor(
     name: str,
     t: torch.Tensor,

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from ...checks import check_kernel_call
 from .index import build_selection_index
 
 CANDIDATES = ("fsa", "nsa")
@@ -81,7 +82,12 @@ def _gpu_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
 
 
-def shape_key(q: torch.Tensor, k: torch.Tensor, block_idx: torch.Tensor, block_size: int) -> str:
+def needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether a call on these inputs records an autograd graph."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def shape_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, block_size: int) -> str:
     total, h, d = q.shape
     h_kv, topk = k.shape[1], block_idx.shape[2]
     if q.device.type == "cuda":
@@ -89,7 +95,7 @@ def shape_key(q: torch.Tensor, k: torch.Tensor, block_idx: torch.Tensor, block_s
     else:
         device = q.device.type
     bucket = 1 << max(0, (max(total, 1) - 1).bit_length())
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k))
+    grad = needs_grad(q, k, v)
     return (f"{_KEY_VERSION}|{device}|{str(q.dtype).removeprefix('torch.')}|g{h // h_kv}|hkv{h_kv}|d{d}"
             f"|B{block_size}|T{topk}|N{bucket}|grad{int(grad)}")
 
@@ -182,7 +188,7 @@ def choose(q, k, v, block_idx, cu_seqlens, block_size, scale=None) -> tuple[str,
     g = q.shape[1] // k.shape[1]
     if q.device.type != "cuda" or os.environ.get("FSALAB_DISPATCH", "profile") == "rules":
         return rule(g)
-    key = shape_key(q, k, block_idx, block_size)
+    key = shape_key(q, k, v, block_idx, block_size)
     if key not in _memory:
         _memory.update(_load())
     if key not in _memory:
@@ -197,14 +203,11 @@ def choose(q, k, v, block_idx, cu_seqlens, block_size, scale=None) -> tuple[str,
 def selected_attention_auto(q, k, v, block_idx, cu_seqlens, block_size, scale=None):
     """Selected attention with the profiled (or rule-based) forward and backward kernels; same
     contract as ``selection.selected_attention`` (inputs validated there)."""
-    if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
-    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"the selected-attention kernels need CUDA tensors (or TRITON_INTERPRET=1), got device {q.device}")
+    check_kernel_call(q.device, block_size, "the selected-attention kernels")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     q, k, v, block_idx, cu_seqlens = (t.contiguous() for t in (q, k, v, block_idx, cu_seqlens))
     fwd, bwd = choose(q, k, v, block_idx, cu_seqlens, block_size, scale)
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+    if not needs_grad(q, k, v):
         # Inference: no autograd node to build, and at short lengths the call is host-bound.
         o, lse, _ = _run_forward(fwd, False, q, k, v, block_idx, cu_seqlens, block_size, scale)
         return o, lse

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ...checks import check_kernel_call
 from . import fsa_plan as plan
 from .fsa_bwd import _delta_kernel, _dkdv_kernel, _dkdv_merge_kernel
 from .fsa_fwd import (
@@ -112,10 +113,7 @@ class _Problem:
 def _prepare(q, k, v, block_idx, cu_seqlens, block_size, scale) -> _Problem:
     # Shapes, dtypes and values are validated by selection.selected_attention (as for the NSA
     # kernel); only what the kernels themselves assume is checked here.
-    if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
-    if q.device.type != "cuda" and not plan.interpreting():
-        raise ValueError(f"the FSA kernels need CUDA tensors (or TRITON_INTERPRET=1), got device {q.device}")
+    check_kernel_call(q.device, block_size, "the FSA kernels")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[2])
     index = build_selection_index(block_idx, cu_seqlens, block_size)
     return _Problem(q.contiguous(), k.contiguous(), v.contiguous(), index, block_size, scale)

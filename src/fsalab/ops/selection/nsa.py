@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...checks import check_kernel_call
 from . import worklist
 from .index import SelectionIndex, build_selection_index, token_starts
 
@@ -522,10 +523,7 @@ def selected_attention_nsa(
     block_size)`` to reuse in backward (built there otherwise). Inputs are validated by
     ``selection.selected_attention``. Returns o [total, h, d] in q.dtype and lse [total, h] fp32.
     """
-    if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
-    if q.device.type != "cuda" and not _INTERPRET:
-        raise ValueError(f"the NSA kernel needs CUDA tensors (or TRITON_INTERPRET=1), got device {q.device}")
+    check_kernel_call(q.device, block_size, "the NSA kernels")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     q, k, v, block_idx, cu_seqlens = (t.contiguous() for t in (q, k, v, block_idx, cu_seqlens))
     return _SelectedAttentionNSA.apply(q, k, v, block_idx, cu_seqlens, block_size, scale, index)

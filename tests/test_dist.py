@@ -46,7 +46,7 @@ def _tp_worker(rank: int, port: int, queue) -> None:
     from fsalab.parallel import fsdp, tp
 
     device = fsdp.setup_device()
-    results = []
+    results, kinds = [], []
     # Qwen3 QK-norm through the NSA adapter; Qwen2 biases through HF's own attention.
     for name, impl in (("qwen3-14b", "reference"), ("qwen2.5-32b", "sdpa_math")):
         model = configs.build_model(name, 2, "cpu", torch.float32, **TINY)
@@ -57,27 +57,36 @@ def _tp_worker(rank: int, port: int, queue) -> None:
             ref = model(input_ids=ids, use_cache=False).logits
             tp.apply_tensor_parallel(model)
             out = model(input_ids=ids, use_cache=False).logits
+            mlp = patch.decoder_layers(model)[0].mlp
+            pending = mlp(torch.randn(1, 16, TINY["hidden_size"]))
         results.append((name, (out - ref).abs().max().item(), ref.abs().max().item()))
+        kinds.append((type(pending).__name__, type(train.settled(pending)).__name__))
     p = {**train.DEFAULTS, "op": "prefill", "model": "llama3-8b", "impl": "reference", "N": 128, "dtype": "float32",
          "layers": None, "topk": 3, "window_size": 32, "parallel": "tp", "experiment": "prefill",
          "model_overrides": {**TINY, "num_hidden_layers": 2}}
     p["id"] = train.point_id(p)
     row = prefill.run_point(p, {"timing": {"warmup": 0, "repeats": 1}}, device, "cpu-test")
-    queue.put((rank, results, {k: row.get(k) for k in ("status", "message", "world_size", "layers", "point")}))
+    queue.put((rank, results, kinds,
+               {k: row.get(k) for k in ("status", "message", "world_size", "layers", "point", "split_kind")}))
     fsdp.teardown()
 
 
 def test_tensor_parallel_prefill_two_processes():
-    """Splitting a materialised model's heads and MLP over 2 ranks leaves its logits unchanged,
-    and the prefill runner's tensor-parallel path (meta build, split, materialise) gives a row."""
+    """Splitting a materialised model's heads and MLP over 2 ranks leaves its logits unchanged;
+    ``train.settled`` turns a row-parallel layer's pending all-reduce into a plain tensor (so
+    the isolated module timings include it); the prefill runner's tensor-parallel path (meta
+    build, split, materialise) gives a row."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     queue = mp.get_context("spawn").Queue()
     mp.start_processes(_tp_worker, args=(port, queue), nprocs=2, start_method="spawn")
     for _ in range(2):
-        rank, results, row = queue.get(timeout=60)
+        rank, results, kinds, row = queue.get(timeout=60)
         for name, err, scale in results:
             assert err <= 1e-5 * max(1.0, scale), f"rank {rank} {name}: max abs diff {err}"
+        for pending, waited in kinds:
+            assert (pending, waited) == ("AsyncCollectiveTensor", "Tensor"), (pending, waited)
+        assert "all-reduce waited" in row["split_kind"]
         assert row["status"] == "ok", row["message"]
         assert row["world_size"] == 2 and row["layers"] == 2 and row["point"].endswith("-tp2")

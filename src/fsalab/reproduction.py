@@ -211,6 +211,21 @@ def claims(platform: str, results_dir=None) -> list[dict]:
         table = results.load_table(platform, exp, results_dir)
         add_stat(section, f"end-to-end {key} FSA vs NSA", pv["headline"][key], stat(e2e_vs_nsa(table)))
         add_stat(section, f"end-to-end {key} FSA vs full attention", pv["e2e_vs_full"][key], stat(e2e_vs_full(table)))
+
+    fsdp = results.multi_gpu_table(platform, "train_fsdp", results_dir)
+    hosts = ", ".join(sorted(fsdp["host"].unique())) if "host" in fsdp else ""
+    section = f"Fig. 5 at full depth, FSDP2 ({hosts or 'multi-GPU host'})"
+    add_stat(section, "training FSA vs NSA, measured", pv["headline"]["training"], stat(e2e_vs_nsa(fsdp)))
+    add_stat(section, "training FSA vs full attention, measured", pv["e2e_vs_full"]["training"],
+             stat(e2e_vs_full(fsdp)))
+    tp_rows = tp_prefill(results.multi_gpu_table(platform, "prefill_tp", results_dir))
+    tp_rows = tp_rows[tp_rows["world_size"] > 1]
+    summary = pv["distributed"]["summary"]
+    add("Appendix I.1 (Tables 12-13)", "attention module FSA vs NSA, TP >= 2, mean",
+        summary["attention_module_vs_nsa"][gpu], stat(tp_rows["attn_vs_nsa"])["mean"],
+        points=tp_rows["attn_vs_nsa"].notna().sum())
+    add("Appendix I.2 (Tables 14-15)", "Llama3-8B prefill FSA vs NSA, TP >= 2, mean",
+        summary["prefill_vs_nsa"][gpu], stat(tp_rows["vs_nsa"])["mean"], points=tp_rows["vs_nsa"].notna().sum())
     return rows
 
 
@@ -249,6 +264,57 @@ def e2e_vs_full(df: pd.DataFrame) -> pd.Series:
     return (merged["full_ms"] / merged["ms"]).dropna()
 
 
+TP_KEYS = ["block_size", "topk", "N", "world_size"]
+
+
+def tp_prefill(df: pd.DataFrame) -> pd.DataFrame:
+    """Llama3-8B prefill by tensor-parallel degree, FSA beside NSA: one row per (B_K, T, N,
+    world_size) with the end-to-end prefill (``fsa_s``, ``nsa_s``, ``vs_nsa``) and one attention
+    module in isolation (``fsa_attn_ms``, ``nsa_attn_ms``, ``attn_vs_nsa``). ``df``: rows of
+    ``prefill_tp`` (and single-GPU ``prefill`` rows as TP = 1). Attention-module times count
+    only from rows whose all-reduce was waited on inside the timed call (``split_kind`` set);
+    earlier rows timed a call that ended before its all-reduce did."""
+    cols = TP_KEYS + ["fsa_s", "nsa_s", "vs_nsa", "fsa_attn_ms", "nsa_attn_ms", "attn_vs_nsa"]
+    ok = results.ok(df)
+    if "model" in ok:
+        ok = ok[ok["model"] == "llama3-8b"]
+    ok = ok[ok["impl"].isin(["fsa", "nsa"])] if not ok.empty else ok
+    if ok.empty:
+        return pd.DataFrame(columns=cols)
+    ok = ok.assign(world_size=ok["world_size"].fillna(1).astype(int) if "world_size" in ok else 1)
+    wide = ok.pivot_table(index=TP_KEYS, columns="impl", values="median_ms", aggfunc="min")
+    out = pd.DataFrame(index=wide.index)
+    for impl in ("fsa", "nsa"):
+        out[f"{impl}_s"] = wide[impl] / 1e3 if impl in wide else math.nan
+    out["vs_nsa"] = out["nsa_s"] / out["fsa_s"]
+    waited = ok[ok["split_kind"].notna()] if "split_kind" in ok else ok.iloc[0:0]
+    attn = (waited.pivot_table(index=TP_KEYS, columns="impl", values="attention_ms_per_layer", aggfunc="min")
+            if len(waited) else pd.DataFrame(index=out.index))
+    for impl in ("fsa", "nsa"):
+        out[f"{impl}_attn_ms"] = attn[impl].reindex(out.index) if impl in attn else math.nan
+    out["attn_vs_nsa"] = out["nsa_attn_ms"] / out["fsa_attn_ms"]
+    return out.reset_index()[cols]
+
+
+def full_depth_vs_estimate(single: pd.DataFrame, multi: pd.DataFrame) -> pd.DataFrame:
+    """Full-depth training steps measured with FSDP2 (``multi``: ``train_fsdp`` rows) beside the
+    single-GPU estimate of the same point (``single``: ``train`` rows, whose ``full_depth_ms``
+    extrapolates a slice of layers): ``estimate_s``, ``measured_s``, ``measured_vs_estimate``.
+    Each FSDP2 rank trains its own sequence, so both are the time of one sequence's step."""
+    keys = ["model", "impl", "N", "batch", "block_size", "topk"]
+    cols = keys + ["world_size", "estimate_s", "measured_s", "measured_vs_estimate"]
+    est, meas = results.ok(single), results.ok(multi)
+    if est.empty or meas.empty or "full_depth_kind" not in est:
+        return pd.DataFrame(columns=cols)
+    est = est[est["full_depth_kind"].astype(str).str.startswith("estimate")]
+    est = est.groupby(keys, as_index=False)["full_depth_ms"].min().rename(columns={"full_depth_ms": "est_ms"})
+    meas = meas.groupby(keys + ["world_size"], as_index=False)["median_ms"].min()
+    both = meas.merge(est, on=keys, how="inner")
+    both["estimate_s"], both["measured_s"] = both["est_ms"] / 1e3, both["median_ms"] / 1e3
+    both["measured_vs_estimate"] = both["median_ms"] / both["est_ms"]
+    return both[cols]
+
+
 def _provenance_lines(platform: str, results_dir) -> list[str]:
     seen = {}
     for exp in ("kernel", "breakdown", "ablation", "buffers", "longctx", "train", "prefill", "convergence"):
@@ -257,6 +323,35 @@ def _provenance_lines(platform: str, results_dir) -> list[str]:
             if col in df and df[col].notna().any():
                 seen.setdefault(col, set()).update(map(str, df[col].dropna().unique()))
     return [f"- {k}: {', '.join(sorted(v))}" for k, v in seen.items()] or ["- (no measured results)"]
+
+
+def _markdown_table(df: pd.DataFrame, spec: str = ".3g") -> list[str]:
+    cells = [[_fmt(v, spec) if isinstance(v, float) else str(v) for v in row] for row in df.itertuples(index=False)]
+    return ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns),
+            *["| " + " | ".join(c) + " |" for c in cells], ""]
+
+
+def _multi_gpu_sections(platform: str, results_dir) -> list[str]:
+    """Markdown of the multi-GPU measurements (issue 7): full-depth FSDP2 steps beside the
+    single-GPU estimates, and tensor-parallel prefill by degree; nothing when none exist."""
+    lines = []
+    fsdp = results.multi_gpu_table(platform, "train_fsdp", results_dir)
+    gap = full_depth_vs_estimate(results.load_table(platform, "train", results_dir), fsdp)
+    if len(gap):
+        lines += ["## Full-depth training step: FSDP2 measurement vs single-GPU estimate", "",
+                  "The estimate extrapolates a 2-layer slice measured on one GPU (slice step + the missing layers",
+                  "x one checkpointed layer's fwd+bwd + AdamW scaled to the full parameter count); the",
+                  "measurement runs every layer with FSDP2 (one sequence per rank).", "",
+                  *_markdown_table(gap)]
+    tp = tp_prefill(pd.concat([results.multi_gpu_table(platform, "prefill_tp", results_dir),
+                               results.load_table(platform, "prefill", results_dir)], ignore_index=True))
+    if len(tp[tp["world_size"] > 1]):
+        lines += ["## Tensor-parallel Llama3-8B prefill (Tables 13 and 15 layout: seconds, attention ms)", "",
+                  "TP = 1 rows are the single-GPU `prefill` experiment's. Attention-module times (one layer's",
+                  "attention in isolation, this rank's heads) count only where the all-reduce was waited on",
+                  "inside the timed call; '—' where not measured so.", "",
+                  *_markdown_table(tp)]
+    return lines
 
 
 def write_reproduction(platform: str, out: str | Path, results_dir=None, figures: str | None = None) -> Path:
@@ -285,6 +380,7 @@ def write_reproduction(platform: str, out: str | Path, results_dir=None, figures
           for r in rows],
         "",
     ]
+    lines += _multi_gpu_sections(platform, results_dir)
     if figures:
         lines += [f"Figures and tables: `{figures}/` (one folder per notebook of `analysis/`).", ""]
     out = Path(out)

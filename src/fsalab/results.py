@@ -10,6 +10,7 @@ generator read the CSVs through ``load_table``; every row is checked against
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -109,6 +110,16 @@ def load_table(platform: str, experiment: str, results_dir: str | Path | None = 
         df = pd.read_csv(csv)
         return df if len(df.columns) else pd.DataFrame(columns=list(COLUMNS))
     return to_frame(load_rows(platform, experiment, results_dir)) if (root / platform / experiment).is_dir() else to_frame([])
+
+
+def multi_gpu_table(platform: str, experiment: str, results_dir: str | Path | None = None) -> pd.DataFrame:
+    """``experiment``'s rows from every multi-GPU host of ``platform``'s GPU (the folders
+    ``results/<platform>x<GPUs>/``, e.g. h200x2) in one frame, with ``host`` naming the folder;
+    an empty frame when none has results."""
+    hosts = [p for p in platforms(results_dir) if re.fullmatch(rf"{re.escape(platform)}x\d+", p)]
+    frames = [load_table(h, experiment, results_dir).assign(host=h) for h in hosts]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else to_frame([])
 
 
 def ok(df: pd.DataFrame) -> pd.DataFrame:

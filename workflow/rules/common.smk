@@ -73,13 +73,27 @@ def experiments_of_notebook(notebook):
     return out
 
 
+def multi_gpu_tables(platform, notebook):
+    """CSVs of this notebook's experiments measured on multi-GPU hosts of the platform's GPU
+    (results/<platform>x<GPUs>/, e.g. train_fsdp and prefill_tp under torchrun), already on disk."""
+    out = []
+    for path in sorted((ROOT / "results").glob(f"{platform}x*/*.csv")):
+        name = path.stem
+        if grid.experiment_path(name).is_file() and grid.load_experiment(name).get("notebook", name) == notebook:
+            out.append(str(path.relative_to(ROOT)))
+    return out
+
+
 def tables(platform, notebook):
     """The CSVs a notebook reads: all of them for this machine's platform (made by rules), only
-    those already on disk for another platform (e.g. the committed results/h200/)."""
+    those already on disk for another platform (e.g. the committed results/h200/), plus the
+    multi-GPU hosts' ones."""
     paths = [f"results/{platform}/{e}.csv" for e in experiments_of_notebook(notebook)]
     if platform == PLATFORM and MODE != "figures":
-        return [p for p, e in zip(paths, experiments_of_notebook(notebook)) if e in EXPERIMENTS]
-    return [p for p in paths if (ROOT / p).is_file()]
+        own = [p for p, e in zip(paths, experiments_of_notebook(notebook)) if e in EXPERIMENTS]
+    else:
+        own = [p for p in paths if (ROOT / p).is_file()]
+    return own + multi_gpu_tables(platform, notebook)
 
 
 def figure_platforms():

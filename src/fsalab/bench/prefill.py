@@ -94,6 +94,8 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
             row["split"] = parts
         if p["split"]:
             row.update(split_columns(parts, layers, layers_full, False, False))
+            row["split_kind"] = ("layer 0's attention and MLP timed in isolation; with tensor parallelism "
+                                 "this rank's share, its all-reduce waited on inside the timed call")
         if layers == layers_full:
             row["full_depth_ms"], row["full_depth_kind"] = row["median_ms"], "measured"
         elif parts is not None:

@@ -287,6 +287,14 @@ def release(device: torch.device) -> None:
 # ---------------------------------------------------------------- attention / MLP split
 
 
+def settled(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with any pending collective waited on. Under tensor parallelism a row-parallel
+    layer returns an AsyncCollectiveTensor whose all-reduce is waited on only at its first use,
+    so a timed call that discards its output would end before the all-reduce does."""
+    wait = getattr(t, "trigger_wait", None)
+    return wait() if wait is not None else t
+
+
 def layer_part_times(lm: nn.Module, p: dict, device: torch.device, dtype: torch.dtype, timing: dict,
                      train: bool, names: tuple[str, ...] = ("attention", "mlp", "layer")) -> dict:
     """Per-layer times (ms) of decoder layer 0's attention, MLP and whole layer (``names``), in
@@ -317,7 +325,7 @@ def layer_part_times(lm: nn.Module, p: dict, device: torch.device, dtype: torch.
 
             def fwd(f=f):
                 with torch.no_grad():
-                    return f(x)
+                    return settled(f(x))
 
             def fwd_bwd(f=f):
                 xg = x.detach().requires_grad_(True)

@@ -227,6 +227,33 @@ def test_train_runner_row(impl):
     assert all(c in row for c in COLUMNS)
 
 
+def test_training_memory_floor_rules_out_only_what_cannot_fit():
+    """The full-depth memory floor: Qwen2.5-32B at 64K cannot train on two 140 GiB GPUs
+    (8 B/param of bf16 state over 2 ranks + 64 checkpointed 64K x 5120 inputs = 162 GiB); Llama3-8B's
+    floor (46 GiB) is under the 64.6 GiB its FSDP2 step measured on two H200s; slices are not checked."""
+    gib, h200 = 2**30, 143771 * 2**20
+    full = {"batch": 1, "N": 65536, "checkpointing": True, "layers": None, "model_overrides": {}}
+    qwen = train.training_memory_floor({**full, "model": "qwen2.5-32b"}, torch.bfloat16, 2)
+    llama = train.training_memory_floor({**full, "model": "llama3-8b"}, torch.bfloat16, 2)
+    assert 161 * gib < qwen < 163 * gib and 45 * gib < llama < 47 * gib
+    assert train.training_memory_floor({**full, "model": "qwen2.5-32b", "layers": 2}, torch.bfloat16, 1) is None
+    with pytest.raises(torch.OutOfMemoryError, match="predicted before building"):
+        train.check_training_fits({**full, "model": "qwen2.5-32b"}, torch.bfloat16, 2, h200)
+    train.check_training_fits({**full, "model": "qwen2.5-32b"}, torch.bfloat16, 4, h200)
+    train.check_training_fits({**full, "model": "llama3-8b"}, torch.bfloat16, 2, h200)
+    row = train.fail_row({}, _raised(lambda: train.check_training_fits({**full, "model": "qwen2.5-32b"},
+                                                                    torch.bfloat16, 2, h200)))
+    assert row["status"] == "oom" and "GiB per rank" in row["message"]
+
+
+def _raised(fn) -> BaseException:
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        return exc
+    raise AssertionError("no exception")
+
+
 def test_prefill_runner_row_and_failure_rows():
     shallow = {**TINY, "num_hidden_layers": 2}
     row = prefill.run_point(_point("prefill", "reference", layers=None, model_overrides=shallow), QUICK, CPU, "cpu-test")

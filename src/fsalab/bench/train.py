@@ -358,6 +358,35 @@ def split_columns(parts: dict, layers: int, layers_full: int, train: bool, check
 # ---------------------------------------------------------------- the training step
 
 
+def training_memory_floor(p: dict, dtype: torch.dtype, world: int) -> int | None:
+    """A lower bound (bytes per rank) on what a full-depth training step of the published model
+    holds: parameters, gradients and AdamW's two moments, all in ``dtype`` and sharded ``world``
+    ways, plus every checkpointed decoder layer's input [batch, N, hidden]. None for slices and
+    overridden configs (they fit by construction). It leaves out the layer being recomputed,
+    the loss chunk and FSDP's gather buffers, so a point above it cannot fit."""
+    from ..models.configs import get_spec
+
+    spec = get_spec(p["model"])
+    if p.get("model_overrides") or (p.get("layers") or spec.num_layers) < spec.num_layers:
+        return None
+    size = torch.empty((), dtype=dtype).element_size()
+    state = 4 * spec.num_params * size // world
+    checkpoints = spec.num_layers * p["batch"] * p["N"] * spec.config["hidden_size"] * size if p["checkpointing"] else 0
+    return state + checkpoints
+
+
+def check_training_fits(p: dict, dtype: torch.dtype, world: int, capacity: int) -> None:
+    """Raise torch.OutOfMemoryError before anything is built when the point's memory floor
+    (``training_memory_floor``) exceeds ``capacity`` bytes: a full-depth point that cannot fit
+    on this many GPUs becomes an ``oom`` row in seconds instead of after a model build."""
+    floor = training_memory_floor(p, dtype, world)
+    if floor is not None and floor > capacity:
+        gib = 2**30
+        raise torch.OutOfMemoryError(
+            f"predicted before building: at least {floor / gib:.1f} GiB per rank (parameters, gradients and "
+            f"AdamW state over {world} rank(s) + checkpointed layer inputs) > {capacity / gib:.1f} GiB on this GPU")
+
+
 def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
     """Measure one training-step point; always returns a row."""
     from ..models.patch import attention_context
@@ -374,6 +403,8 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
     try:
         if distributed and not fsdp.is_initialized():
             raise ValueError("parallel: fsdp needs a process group (launch with torchrun)")
+        if device.type == "cuda":
+            check_training_fits(p, dtype, world, torch.cuda.get_device_properties(device).total_memory)
         model = build_patched_model(p, device, dtype, wrap=lambda m: CausalLMLoss(m, p["loss_chunk"]),
                                     shard=fsdp.shard_causal_lm if distributed else None)
         lm = model.lm

@@ -173,6 +173,49 @@ def test_end_to_end_speedups_pair_each_panel_with_its_baselines():
     assert sorted(reproduction.e2e_vs_full(df)) == [1.6, 2.0]
 
 
+def test_tensor_parallel_prefill_table_pairs_impls_and_drops_unwaited_module_times():
+    import pandas as pd
+
+    base = {"model": "llama3-8b", "block_size": 64, "topk": 16, "N": 32768, "status": "ok"}
+    df = pd.DataFrame([
+        {**base, "impl": "fsa", "world_size": 2, "median_ms": 800.0, "attention_ms_per_layer": 10.0,
+         "split_kind": "waited"},
+        {**base, "impl": "nsa", "world_size": 2, "median_ms": 1000.0, "attention_ms_per_layer": 13.0,
+         "split_kind": "waited"},
+        # A row from before the all-reduce was waited on: its prefill counts, its module time does not.
+        {**base, "impl": "fsa", "world_size": 4, "median_ms": 500.0, "attention_ms_per_layer": 4.0},
+        {**base, "impl": "nsa", "world_size": 4, "median_ms": 600.0, "attention_ms_per_layer": 5.0},
+        # Single-GPU prefill rows are TP = 1; other models and failed rows never count.
+        {**base, "impl": "fsa", "world_size": None, "median_ms": 1500.0},
+        {**base, "impl": "nsa", "world_size": 1, "median_ms": 1500.0, "status": "oom"},
+        {**base, "impl": "fsa", "world_size": 2, "median_ms": 1.0, "model": "qwen3-14b"},
+    ])
+    tp = reproduction.tp_prefill(df).set_index("world_size")
+    assert tp.loc[2, "fsa_s"] == 0.8 and tp.loc[2, "vs_nsa"] == 1.25 and tp.loc[2, "attn_vs_nsa"] == 1.3
+    assert tp.loc[4, "vs_nsa"] == 1.2 and tp[["fsa_attn_ms", "attn_vs_nsa"]].loc[4].isna().all()
+    assert tp.loc[1, "fsa_s"] == 1.5 and pd.isna(tp.loc[1, "nsa_s"])
+
+
+def test_full_depth_measurement_beside_its_single_gpu_estimate(tmp_path):
+    import pandas as pd
+
+    keys = {"model": "llama3-8b", "N": 65536, "batch": 1, "block_size": 64, "topk": 16, "status": "ok"}
+    single = pd.DataFrame([{**keys, "impl": "fsa", "full_depth_ms": 10000.0, "full_depth_kind": "estimate: ..."},
+                           {**keys, "impl": "nsa", "full_depth_ms": 12000.0, "full_depth_kind": "measured"}])
+    (tmp_path / "unit-gpux2").mkdir()
+    pd.DataFrame([{**keys, "impl": "fsa", "world_size": 2, "median_ms": 9900.0},
+                  {**keys, "impl": "nsa", "world_size": 2, "median_ms": 12100.0}]).to_csv(
+        tmp_path / "unit-gpux2" / "train_fsdp.csv", index=False)
+    (tmp_path / "unit-gpu-smoke").mkdir()  # not a multi-GPU host of unit-gpu
+    pd.DataFrame([{**keys, "impl": "fsa", "median_ms": 1.0}]).to_csv(tmp_path / "unit-gpu-smoke" / "train_fsdp.csv")
+    multi = results.multi_gpu_table("unit-gpu", "train_fsdp", tmp_path)
+    assert list(multi["host"]) == ["unit-gpux2", "unit-gpux2"]
+    gap = reproduction.full_depth_vs_estimate(single, multi)
+    # Only estimated single-GPU rows pair up (nsa's single-GPU row was measured, not estimated).
+    assert list(gap["impl"]) == ["fsa"] and gap["measured_vs_estimate"].iloc[0] == 0.99
+    assert results.multi_gpu_table("unit-none", "train_fsdp", tmp_path).empty
+
+
 def test_full_baseline_sums_fwd_and_bwd_where_fwd_bwd_was_not_timed():
     import pandas as pd
 

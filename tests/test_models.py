@@ -237,21 +237,12 @@ def test_training_memory_floor_rules_out_only_what_cannot_fit():
     llama = train.training_memory_floor({**full, "model": "llama3-8b"}, torch.bfloat16, 2)
     assert 161 * gib < qwen < 163 * gib and 45 * gib < llama < 47 * gib
     assert train.training_memory_floor({**full, "model": "qwen2.5-32b", "layers": 2}, torch.bfloat16, 1) is None
-    with pytest.raises(torch.OutOfMemoryError, match="predicted before building"):
+    with pytest.raises(torch.OutOfMemoryError, match="predicted before building") as info:
         train.check_training_fits({**full, "model": "qwen2.5-32b"}, torch.bfloat16, 2, h200)
+    row = train.fail_row({}, info.value)
+    assert row["status"] == "oom" and "GiB per rank" in row["message"]
     train.check_training_fits({**full, "model": "qwen2.5-32b"}, torch.bfloat16, 4, h200)
     train.check_training_fits({**full, "model": "llama3-8b"}, torch.bfloat16, 2, h200)
-    row = train.fail_row({}, _raised(lambda: train.check_training_fits({**full, "model": "qwen2.5-32b"},
-                                                                    torch.bfloat16, 2, h200)))
-    assert row["status"] == "oom" and "GiB per rank" in row["message"]
-
-
-def _raised(fn) -> BaseException:
-    try:
-        fn()
-    except BaseException as exc:  # noqa: BLE001 - the test inspects it
-        return exc
-    raise AssertionError("no exception")
 
 
 def test_prefill_runner_row_and_failure_rows():

@@ -76,9 +76,13 @@ def experiments_of_notebook(notebook):
 def multi_gpu_tables(platform, notebook):
     """CSVs of this notebook's experiments measured on multi-GPU hosts of the platform's GPU
     (results/<platform>x<GPUs>/, e.g. train_fsdp and prefill_tp under torchrun), already on disk."""
+    import re
+
     out = []
     for path in sorted((ROOT / "results").glob(f"{platform}x*/*.csv")):
         name = path.stem
+        if not re.fullmatch(rf"{re.escape(platform)}x\d+", path.parent.name):
+            continue
         if grid.experiment_path(name).is_file() and grid.load_experiment(name).get("notebook", name) == notebook:
             out.append(str(path.relative_to(ROOT)))
     return out

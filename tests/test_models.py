@@ -277,3 +277,30 @@ def test_convergence_three_steps():
             (at,) = [i for i in needles.tolist() if (ids[b, i] - needle0) // nv == key]
             assert labels[b, t] == val0 + (ids[b, at] - needle0) % nv
             assert far[b, t] == (t - at >= p["window_size"])
+
+
+def test_convergence_needle_span():
+    """needle_span > 1: each needle is a run of identical tokens; queries' labels and ``far``
+    refer to it (far = the run's last token lies window_size or more back); span 1 is unchanged."""
+    base = {**convergence.CONVERGENCE_DEFAULTS, "model_overrides": TINY, "N": 160, "batch": 3, "pairs": 4,
+            "queries": 16, "num_keys": 6, "num_values": 4, "window_size": 32, "seed": 1}
+    p = _point("convergence", "reference", **{**base, "needle_span": 8})
+    ids, labels, far = convergence.retrieval_batch(p, 256, 5, CPU)
+    context, nk, nv = 160 - p["queries"], p["num_keys"], p["num_values"]
+    val0, key0, needle0 = 1, 1 + nv, 1 + nv + nk
+    for b in range(p["batch"]):
+        is_needle = (ids[b, :context] >= needle0) & (ids[b, :context] < needle0 + nk * nv)
+        assert int(is_needle.sum()) == p["pairs"] * 8
+        for t in range(context, 160):
+            key = int(ids[b, t]) - key0
+            at = [i for i in is_needle.nonzero().flatten().tolist() if (int(ids[b, i]) - needle0) // nv == key]
+            assert len(at) == 8 and at == list(range(at[0], at[0] + 8))  # one contiguous run
+            assert labels[b, t] == val0 + (ids[b, at[0]] - needle0) % nv
+            assert far[b, t] == (t - at[-1] >= p["window_size"])
+    one = _point("convergence", "reference", **{**base, "needle_span": 1})
+    legacy = _point("convergence", "reference", **base)
+    assert all(torch.equal(x, y) for x, y in zip(convergence.retrieval_batch(one, 256, 5, CPU),
+                                                  convergence.retrieval_batch(legacy, 256, 5, CPU)))
+    assert "-span8-" in train.point_id(p) and "span" not in train.point_id(one)
+    with pytest.raises(ValueError, match="do not fit"):
+        convergence.retrieval_batch({**p, "pairs": 20, "num_keys": 20}, 256, 0, CPU)

@@ -9,6 +9,11 @@ needle with that key, usually thousands of tokens back, beyond NSA's sliding win
 reach it through compression and block selection. Needles fuse key and value into one token so
 the task needs a single attention hop: a key-value pair split over two tokens needs an induction
 circuit (two composed heads), which small models did not form within a few hundred steps.
+``needle_span`` > 1 makes each needle a run of that many copies of its token (the committed
+``-span32`` points: one kernel_size). A single-token needle is 1 of kernel_size terms of a
+compressed key, each behind its own offset-specific map, so the compressed scores (which alone
+rank blocks for selection: selection has no gradient) never learn to find it; NSA and FSA then
+stay at chance while full attention learns. A run fills a compression window, and they learn.
 
 Model: the Llama architecture of ``fsalab.models.configs`` shrunk by ``model_overrides``
 (default 2 layers, hidden 256, 4 query / 2 KV heads of 64), with the same attention swap as
@@ -53,6 +58,7 @@ CONVERGENCE_DEFAULTS = {
     "queries": 256,
     "num_keys": 8,
     "num_values": 8,
+    "needle_span": 1,
     "log_every": 5,
     "checkpointing": False,
     "split": False,
@@ -70,6 +76,9 @@ def retrieval_batch(p: dict, vocab: int, step: int, device: torch.device):
     is its value. One attention hop solves it (match the key, read the value), which is what makes
     it learnable in a few hundred steps. Vocabulary: 0 unused, values, keys, needles
     (key-major), filler. Deterministic in (seed, step), identical for every impl.
+    ``needle_span`` > 1: each needle is that many consecutive copies of its token (starts on
+    distinct span-aligned slots shifted by one random offset per row); ``far`` then measures from
+    the run's last token. Span 1 draws exactly the original batches.
     """
     b, n, pairs, queries = p["batch"], p["N"], p["pairs"], p["queries"]
     nk, nv = p["num_keys"], p["num_values"]
@@ -82,8 +91,19 @@ def retrieval_batch(p: dict, vocab: int, step: int, device: torch.device):
     ids = torch.randint(fill0, vocab, (b, n), generator=gen)
     keys = torch.argsort(torch.rand(b, nk, generator=gen), dim=1)[:, :pairs]
     values = torch.randint(0, nv, (b, pairs), generator=gen)
-    pos = torch.argsort(torch.rand(b, context, generator=gen), dim=1)[:, :pairs]
-    ids.scatter_(1, pos, needle0 + keys * nv + values)
+    span = p.get("needle_span", 1)
+    if span == 1:  # the original task (committed results): needles at any distinct positions
+        pos = torch.argsort(torch.rand(b, context, generator=gen), dim=1)[:, :pairs]
+        ids.scatter_(1, pos, needle0 + keys * nv + values)
+    else:  # each needle a run of `span` copies: distinct span-aligned slots, one random shift per row
+        slots = context // span - 1
+        if pairs > slots:
+            raise ValueError(f"{pairs} needles of span {span} do not fit in a context of {context} tokens")
+        start = torch.argsort(torch.rand(b, slots, generator=gen), dim=1)[:, :pairs] * span
+        start = start + torch.randint(0, span, (b, 1), generator=gen)
+        run = start[..., None] + torch.arange(span)
+        ids.scatter_(1, run.flatten(1), (needle0 + keys * nv + values)[..., None].expand(-1, -1, span).flatten(1))
+        pos = start + span - 1  # the needle's last token: the one nearest the queries
     probe = torch.randint(0, pairs, (b, queries), generator=gen)
     ids[:, context:] = key0 + keys.gather(1, probe)
     labels = torch.full_like(ids, -100)

@@ -85,7 +85,7 @@ def load_experiment(name_or_path: str | Path, smoke: bool = False) -> dict:
 def point_id(p: dict) -> str:
     """Stable, file-name-safe id, e.g. ``trainstep-llama3-8b-fsa-N65536-b1-L2-B64-T16-bf16``
     (parallel runs end with the mode and rank count, ``-fsdp8``; convergence runs with their
-    step count, ``-S500``)."""
+    step count, ``-S500``, after ``-span32`` when needles are runs of 32 tokens)."""
     layers = "full" if p.get("layers") in (None, 0) else p["layers"]
     parts = [p["op"].replace("_", ""), p["model"], p["impl"], f"N{p['N']}", f"b{p['batch']}", f"L{layers}",
              f"B{p['block_size']}", f"T{p['topk']}", _DTYPE_TAGS[p["dtype"]]]
@@ -96,6 +96,8 @@ def point_id(p: dict) -> str:
         # so TP = 2 and TP = 8 runs on one host write different results.
         parts.append(f"{p['parallel']}{os.environ.get('WORLD_SIZE', '1')}")
     if p["op"] == "convergence":  # a longer run of the same model is a different result
+        if p.get("needle_span", 1) != 1:  # a different task (bench.convergence.retrieval_batch)
+            parts.append(f"span{p['needle_span']}")
         parts.append(f"S{p['steps']}")
     return "-".join(re.sub(r"[^A-Za-z0-9.\-]+", "", str(x)) for x in parts)
 

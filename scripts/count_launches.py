@@ -23,6 +23,7 @@ the benchmark's bwd timing runs). Input-value checks are off (FSALAB_VALUE_CHECK
 the benchmark times kernels.
 
     PYTHONPATH=src python scripts/count_launches.py [--impls fsa,fsa_paper,nsa] [--lengths 256] [--ops]
+    PYTHONPATH=src python scripts/count_launches.py --op nsa_attention --impls fsa,nsa --lengths 512 --block-size 32 --topk 4
 
 ``--ops`` prints the counted ops of every call; ``--json PATH`` writes the table.
 """
@@ -69,6 +70,34 @@ def make_call(impl: str, lengths: list[int], h_kv: int, g: int, d: int, block_si
     return fwd, bwd
 
 
+def make_nsa_call(impl: str, length: int, h_kv: int, g: int, d: int, block_size: int, topk: int):
+    """(fwd, bwd) of whole NSA attention (compression, compressed attention, block selection,
+    selected and window attention, gates) as the kernel benchmark's ``nsa_attention`` op runs it,
+    on one random sequence; compression windows of ``block_size`` tokens with stride
+    ``block_size / 2`` and a window of ``4 x block_size``."""
+    from fsalab.bench import inputs, ops
+
+    p = {"op": "nsa_attention", "N": length, "batch": 1, "h_kv": h_kv, "g": g, "d": d, "block_size": block_size,
+         "topk": topk, "kernel_size": block_size, "kernel_stride": block_size // 2, "window_size": 4 * block_size,
+         "init_blocks": 1, "local_blocks": 2, "dtype": "float16", "seed": 0}
+    bound = ops.bind("nsa_attention", impl)
+    x = inputs.make_inputs(p, torch.device("cpu"), bound.need_indices)
+
+    def fwd():
+        with torch.no_grad():
+            return bound.fn(x)
+
+    leaves = {name: x.tensors[name].detach().clone().requires_grad_() for name in bound.grad_args}
+    x.tensors.update(leaves)
+    o, _ = bound.fn(x)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float32).to(o.dtype)
+
+    def bwd():
+        return torch.autograd.grad(o, list(leaves.values()), do, retain_graph=True, allow_unused=True)
+
+    return fwd, bwd
+
+
 def _block_idx(cu: torch.Tensor, h_kv: int, topk: int, block_size: int, gen: torch.Generator) -> torch.Tensor:
     """int32 [total, h_kv, topk]: the sink block, the own block and random causal blocks between,
     ascending, -1 padded (like NSA's selection with init and local blocks)."""
@@ -93,6 +122,8 @@ def count(fn) -> dict[str, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--impls", default="fsa,fsa_paper,nsa")
+    ap.add_argument("--op", choices=("selected", "nsa_attention"), default="selected",
+                    help="the selected-attention call, or whole NSA attention (one sequence of the first length)")
     ap.add_argument("--lengths", default="256", help="comma-separated sequence lengths")
     ap.add_argument("--h-kv", type=int, default=4)
     ap.add_argument("--g", type=int, default=1)
@@ -105,7 +136,10 @@ def main() -> int:
     lengths = [int(n) for n in args.lengths.split(",")]
     rows = []
     for impl in args.impls.split(","):
-        fwd, bwd = make_call(impl, lengths, args.h_kv, args.g, args.d, args.block_size, args.topk)
+        if args.op == "selected":
+            fwd, bwd = make_call(impl, lengths, args.h_kv, args.g, args.d, args.block_size, args.topk)
+        else:
+            fwd, bwd = make_nsa_call(impl, lengths[0], args.h_kv, args.g, args.d, args.block_size, args.topk)
         for direction, fn in (("fwd", fwd), ("bwd", bwd)):
             c = count(fn)
             triton_n = sum(n for name, n in c.items() if name.startswith("triton:"))

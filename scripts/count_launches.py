@@ -40,7 +40,7 @@ os.environ["FSALAB_VALUE_CHECKS"] = "0"
 
 import torch
 
-from fsalab.testing import LaunchCounter
+from fsalab.testing import LaunchCounter, nsa_attention_calls
 
 
 def make_call(impl: str, lengths: list[int], h_kv: int, g: int, d: int, block_size: int, topk: int):
@@ -66,34 +66,6 @@ def make_call(impl: str, lengths: list[int], h_kv: int, g: int, d: int, block_si
 
     def bwd():
         return torch.autograd.grad(o, leaves, do, retain_graph=True)
-
-    return fwd, bwd
-
-
-def make_nsa_call(impl: str, length: int, h_kv: int, g: int, d: int, block_size: int, topk: int):
-    """(fwd, bwd) of whole NSA attention (compression, compressed attention, block selection,
-    selected and window attention, gates) as the kernel benchmark's ``nsa_attention`` op runs it,
-    on one random sequence; compression windows of ``block_size`` tokens with stride
-    ``block_size / 2`` and a window of ``4 x block_size``."""
-    from fsalab.bench import inputs, ops
-
-    p = {"op": "nsa_attention", "N": length, "batch": 1, "h_kv": h_kv, "g": g, "d": d, "block_size": block_size,
-         "topk": topk, "kernel_size": block_size, "kernel_stride": block_size // 2, "window_size": 4 * block_size,
-         "init_blocks": 1, "local_blocks": 2, "dtype": "float16", "seed": 0}
-    bound = ops.bind("nsa_attention", impl)
-    x = inputs.make_inputs(p, torch.device("cpu"), bound.need_indices)
-
-    def fwd():
-        with torch.no_grad():
-            return bound.fn(x)
-
-    leaves = {name: x.tensors[name].detach().clone().requires_grad_() for name in bound.grad_args}
-    x.tensors.update(leaves)
-    o, _ = bound.fn(x)
-    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float32).to(o.dtype)
-
-    def bwd():
-        return torch.autograd.grad(o, list(leaves.values()), do, retain_graph=True, allow_unused=True)
 
     return fwd, bwd
 
@@ -139,7 +111,7 @@ def main() -> int:
         if args.op == "selected":
             fwd, bwd = make_call(impl, lengths, args.h_kv, args.g, args.d, args.block_size, args.topk)
         else:
-            fwd, bwd = make_nsa_call(impl, lengths[0], args.h_kv, args.g, args.d, args.block_size, args.topk)
+            fwd, bwd = nsa_attention_calls(impl, lengths[0], args.h_kv, args.g, args.d, args.block_size, args.topk)
         for direction, fn in (("fwd", fwd), ("bwd", bwd)):
             c = count(fn)
             triton_n = sum(n for name, n in c.items() if name.startswith("triton:"))

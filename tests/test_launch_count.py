@@ -1,5 +1,6 @@
-"""Kernel launches per selected-attention call stay few: short calls are bound by the host's
-time to enqueue them (results/h200/checks/profile_launch.log, scripts/count_launches.py).
+"""Kernel launches per selected-attention call, and per whole NSA attention call, stay few:
+short calls are bound by the host's time to enqueue them (results/h200/checks/profile_launch.log,
+scripts/count_launches.py).
 
 The bounds are the counts after the planning was fused into a few Triton kernels (before: fsa
 forward 61 aten ops + 2 Triton launches, backward 21 + 4; NSA backward 60 + 3). torch.sort
@@ -13,7 +14,7 @@ import torch
 from test_selection_index import random_block_idx
 
 from fsalab.ops.selection import selected_attention
-from fsalab.testing import LaunchCounter, make_batch
+from fsalab.testing import LaunchCounter, make_batch, nsa_attention_calls
 
 # (impl, direction) -> most launches per call.
 LIMITS = {
@@ -48,3 +49,19 @@ def test_launches_per_call(impl, direction, monkeypatch, device):
         with LaunchCounter() as counter:
             torch.autograd.grad(o, leaves, do, retain_graph=True)
     assert counter.total <= LIMITS[impl, direction], dict(counter.counts)
+
+
+# Whole NSA attention (compression, compressed attention, selection, selected and window
+# attention, gates), impl -> (fwd, bwd) launches: the counts of session 6, Triton + aten ops
+# (fsa fwd: 10 + 19). Most of the aten ops are the gates and casts around the kernels.
+NSA_ATTENTION_LIMITS = {"fsa": (29, 51), "nsa": (24, 52)}
+
+
+@pytest.mark.parametrize("impl", sorted(NSA_ATTENTION_LIMITS))
+def test_launches_per_nsa_attention_call(impl, monkeypatch, device):
+    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+    for fn, limit in zip(nsa_attention_calls(impl, 128, 1, 1, 16, 32, 4, device=device), NSA_ATTENTION_LIMITS[impl]):
+        fn()  # outside the count: one-time work (compilation, caches)
+        with LaunchCounter() as counter:
+            fn()
+        assert counter.total <= limit, dict(counter.counts)

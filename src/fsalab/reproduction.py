@@ -130,14 +130,16 @@ def _fmt(x, spec: str = ".3g") -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def _paper_gpu(platform: str) -> str:
+def paper_gpu(platform: str) -> str:
+    """Which of the paper's GPUs (h20, h200) a results platform is compared with: h20 for
+    h20-named platforms, h200 for every other one (the paper's faster GPU)."""
     return "h20" if platform.startswith("h20") and not platform.startswith("h200") else "h200"
 
 
 def claims(platform: str, results_dir=None) -> list[dict]:
     """Every checked claim: section, claim, paper value, ours, verdict."""
     pv = results.paper_values()
-    gpu = _paper_gpu(platform)
+    gpu = paper_gpu(platform)
     rows = []
 
     def add(section, claim, paper, ours, tol=0.25, baseline=1.0, spec=".3g", points=None):

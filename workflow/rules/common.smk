@@ -1,6 +1,7 @@
 """Shared state: mode, platform, experiments and their points (expanded by fsalab.bench.grid,
 the same code the runner uses, so the workflow and `fsalab bench-kernel` agree on point ids)."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -76,8 +77,6 @@ def experiments_of_notebook(notebook):
 def multi_gpu_tables(platform, notebook):
     """CSVs of this notebook's experiments measured on multi-GPU hosts of the platform's GPU
     (results/<platform>x<GPUs>/, e.g. train_fsdp and prefill_tp under torchrun), already on disk."""
-    import re
-
     out = []
     for path in sorted((ROOT / "results").glob(f"{platform}x*/*.csv")):
         name = path.stem

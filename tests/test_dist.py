@@ -90,3 +90,19 @@ def test_tensor_parallel_prefill_two_processes():
         assert "all-reduce waited" in row["split_kind"]
         assert row["status"] == "ok", row["message"]
         assert row["world_size"] == 2 and row["layers"] == 2 and row["point"].endswith("-tp2")
+
+
+def test_tensor_parallel_prefill_one_rank(tmp_path):
+    """TP = 1 (the first column of Tables 12-15) is torchrun with one process: it must start a
+    one-rank process group and give an ok row, not a 'needs a process group' one."""
+    out = tmp_path / "prefill.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+           "-m", "fsalab.bench.prefill", "--model", "llama3-8b", "--impl", "reference", "--N", "128",
+           "--parallel", "tp", "--dtype", "float32", "--topk", "3", "--window-size", "32",
+           "--warmup", "0", "--repeats", "1", "--model-overrides", json.dumps({**TINY, "num_hidden_layers": 2}),
+           "--out", str(out)]
+    proc = subprocess.run(cmd, check=False, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    row = json.loads(out.read_text())
+    assert row["status"] == "ok", row.get("traceback", row["message"])
+    assert row["world_size"] == 1 and row["point"].endswith("-tp1")

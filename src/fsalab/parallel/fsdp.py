@@ -21,7 +21,9 @@ from torch import nn
 
 
 def launched_by_torchrun() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """True under torchrun, one rank included (``--nproc-per-node 1`` is the TP = 1 row of
+    Tables 12-15 and must run the same sharded code path as the larger groups)."""
+    return "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
 def is_initialized() -> bool:

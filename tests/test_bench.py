@@ -189,11 +189,17 @@ def test_tensor_parallel_prefill_table_pairs_impls_and_drops_unwaited_module_tim
         {**base, "impl": "fsa", "world_size": None, "median_ms": 1500.0},
         {**base, "impl": "nsa", "world_size": 1, "median_ms": 1500.0, "status": "oom"},
         {**base, "impl": "fsa", "world_size": 2, "median_ms": 1.0, "model": "qwen3-14b"},
+        # A TP = 1 run of the tensor-parallel runner wins over a single-GPU prefill row, even a faster one.
+        {**base, "impl": "fsa", "world_size": 1, "median_ms": 900.0, "block_size": 128, "topk": 8},
+        {**base, "impl": "fsa", "world_size": 1, "median_ms": 1000.0, "block_size": 128, "topk": 8,
+         "experiment": "prefill_tp"},
     ])
     tp = reproduction.tp_prefill(df).set_index("world_size")
     assert tp.loc[2, "fsa_s"] == 0.8 and tp.loc[2, "vs_nsa"] == 1.25 and tp.loc[2, "attn_vs_nsa"] == 1.3
     assert tp.loc[4, "vs_nsa"] == 1.2 and tp[["fsa_attn_ms", "attn_vs_nsa"]].loc[4].isna().all()
-    assert tp.loc[1, "fsa_s"] == 1.5 and pd.isna(tp.loc[1, "nsa_s"])
+    single = tp[tp["block_size"] == 64]
+    assert single.loc[1, "fsa_s"] == 1.5 and pd.isna(single.loc[1, "nsa_s"])
+    assert tp[tp["block_size"] == 128].loc[1, "fsa_s"] == 1.0
 
 
 def test_full_depth_measurement_beside_its_single_gpu_estimate(tmp_path):

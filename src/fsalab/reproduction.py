@@ -273,9 +273,10 @@ def tp_prefill(df: pd.DataFrame) -> pd.DataFrame:
     """Llama3-8B prefill by tensor-parallel degree, FSA beside NSA: one row per (B_K, T, N,
     world_size) with the end-to-end prefill (``fsa_s``, ``nsa_s``, ``vs_nsa``) and one attention
     module in isolation (``fsa_attn_ms``, ``nsa_attn_ms``, ``attn_vs_nsa``). ``df``: rows of
-    ``prefill_tp`` (and single-GPU ``prefill`` rows as TP = 1). Attention-module times count
-    only from rows whose all-reduce was waited on inside the timed call (``split_kind`` set);
-    earlier rows timed a call that ended before its all-reduce did."""
+    ``prefill_tp`` (and single-GPU ``prefill`` rows as TP = 1, used only where ``prefill_tp`` has
+    no TP = 1 row of that impl, so FSA and NSA of one row come from the same runner where it can).
+    Attention-module times count only from rows whose all-reduce was waited on inside the timed
+    call (``split_kind`` set); earlier rows timed a call that ended before its all-reduce did."""
     cols = TP_KEYS + ["fsa_s", "nsa_s", "vs_nsa", "fsa_attn_ms", "nsa_attn_ms", "attn_vs_nsa"]
     ok = results.ok(df)
     if "model" in ok:
@@ -283,7 +284,9 @@ def tp_prefill(df: pd.DataFrame) -> pd.DataFrame:
     ok = ok[ok["impl"].isin(["fsa", "nsa"])] if not ok.empty else ok
     if ok.empty:
         return pd.DataFrame(columns=cols)
-    ok = ok.assign(world_size=ok["world_size"].fillna(1).astype(int) if "world_size" in ok else 1)
+    ok = ok.assign(world_size=ok["world_size"].fillna(1).astype(int) if "world_size" in ok else 1,
+                   tp_run=ok["experiment"].eq("prefill_tp") if "experiment" in ok else False)
+    ok = ok[ok["tp_run"] == ok.groupby(TP_KEYS + ["impl"])["tp_run"].transform("max")]
     wide = ok.pivot_table(index=TP_KEYS, columns="impl", values="median_ms", aggfunc="min")
     out = pd.DataFrame(index=wide.index)
     for impl in ("fsa", "nsa"):

@@ -72,6 +72,9 @@ def test_e2e_point_ids_carry_steps_and_rank_count(monkeypatch):
     conv = {**train.DEFAULTS, "op": "convergence", "model": "llama3-8b", "impl": "fsa", "N": 4096, "steps": 3000,
             "dtype": "bfloat16"}
     assert train.point_id(conv).endswith("-S3000")
+    # Another window branch is another run (the convergence noise floor), the default id is unchanged.
+    assert train.point_id({**conv, "window_impl": "reference"}) == train.point_id(conv).replace(
+        "-bf16-", "-bf16-winreference-")
     monkeypatch.setenv("WORLD_SIZE", "4")
     tp = {**train.DEFAULTS, "op": "prefill", "model": "llama3-8b", "impl": "nsa", "N": 32768, "parallel": "tp",
           "dtype": "float16"}
@@ -314,3 +317,30 @@ def test_smoke_e2e_points_give_valid_rows(tmp_path):
         assert row["status"] == "ok" and row["median_ms"] > 0 and row["model"] == point["model"]
         assert row["attention_ms_per_layer"] > 0 and row["full_depth_ms"] >= row["median_ms"]
         assert results.aggregate("cpu-test", name, tmp_path).is_file()
+
+
+def test_convergence_gaps_set_fsa_nsa_beside_the_nsa_noise_floor():
+    """The FSA-NSA loss gap is taken at the steps both runs logged; a second NSA run with another
+    window branch is the noise floor; a task without one reports NaN for it, never zero."""
+    import math
+
+    import pandas as pd
+
+    def run(impl, losses, window="auto", span=32, acc=0.9):
+        return {"impl": impl, "window_impl": window, "needle_span": span, "steps": 3, "status": "ok",
+                "final_accuracy_far": acc, "curve": {"step": [0, 1, 2], "loss": losses}}
+
+    df = pd.DataFrame([
+        run("fsa", [2.0, 1.0, 0.50]), run("nsa", [2.0, 1.1, 0.51]), run("sdpa_flash", [2.0, 0.1, 0.0], acc=1.0),
+        run("nsa", [2.0, 1.0, 0.55], window="reference"),
+        run("fsa", [2.0, 2.0, 2.0], span=1), run("nsa", [2.1, 2.0, 2.0], span=1),
+        {**run("nsa", [0.0, 0.0, 0.0], span=1), "status": "error"},
+    ])
+    assert reproduction.run_label(df.iloc[3]) == "nsa (window reference)"
+    gaps = reproduction.convergence_gaps(df).set_index("needle_span")
+    span32 = gaps.loc[32]
+    assert span32["fsa_nsa_max_gap"] == pytest.approx(0.1) and span32["fsa_nsa_first_step_over"] == 1
+    assert span32["nsa_nsa_median_gap"] == pytest.approx(0.04) and span32["nsa_nsa_first_step_over"] == 1
+    assert span32["acc_far_full"] == 1.0
+    assert gaps.loc[1, "fsa_nsa_median_gap"] == pytest.approx(0.0) and gaps.loc[1, "fsa_nsa_first_step_over"] == 0
+    assert math.isnan(gaps.loc[1, "nsa_nsa_median_gap"]) and math.isnan(gaps.loc[1, "acc_far_full"])

@@ -8,6 +8,7 @@ the same number in REPRODUCTION.md are computed once. Inputs are the tidy tables
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -320,6 +321,72 @@ def full_depth_vs_estimate(single: pd.DataFrame, multi: pd.DataFrame) -> pd.Data
     return both[cols]
 
 
+def run_label(row) -> str:
+    """A convergence run's name: its selection impl, plus any compression or window branch other
+    than ``auto`` (``nsa (window reference)``: the same NSA model rounded differently)."""
+    label = str(row["impl"])
+    for key, name in (("compression_impl", "compression"), ("window_impl", "window")):
+        value = row.get(key)
+        if isinstance(value, str) and value != "auto":
+            label += f" ({name} {value})"
+    return label
+
+
+def _curve(row) -> dict:
+    curve = row["curve"]
+    return json.loads(curve) if isinstance(curve, str) else curve
+
+
+def loss_gaps(a: dict, b: dict) -> pd.Series:
+    """|loss_a - loss_b| at the steps both curves logged (``{"step": [...], "loss": [...]}``),
+    indexed by step."""
+    la, lb = (pd.Series(c["loss"], index=c["step"], dtype=float) for c in (a, b))
+    return (la - lb).abs().dropna().sort_index()
+
+
+def convergence_gaps(df: pd.DataFrame, threshold: float = 0.02) -> pd.DataFrame:
+    """Per convergence task (``needle_span``, ``steps``): final far-needle accuracy of FSA, NSA
+    and full attention, the FSA-NSA loss gap (median, max, first step above ``threshold``) and,
+    where a second NSA run differing only in rounding exists (another window or compression
+    branch), the same gap between the two NSA runs: the noise floor the FSA-NSA gap is judged
+    against. ``df``: convergence rows with their ``curve``."""
+    cols = ["needle_span", "steps", "acc_far_fsa", "acc_far_nsa", "acc_far_full", "fsa_nsa_median_gap",
+            "fsa_nsa_max_gap", "fsa_nsa_first_step_over", "nsa_nsa_median_gap", "nsa_nsa_max_gap",
+            "nsa_nsa_first_step_over"]
+    ok = results.ok(df)
+    if ok.empty or "curve" not in ok:
+        return pd.DataFrame(columns=cols)
+    ok = ok.assign(needle_span=ok["needle_span"].fillna(1).astype(int) if "needle_span" in ok else 1,
+                   label=[run_label(r) for _, r in ok.iterrows()])
+    rows = []
+    for (span, steps), task in ok.groupby(["needle_span", "steps"]):
+        runs = {r["label"]: r for _, r in task.iterrows()}
+        row = {"needle_span": span, "steps": steps}
+        full = [lab for lab in runs if lab.startswith("sdpa") or lab == "flash_attn"]
+        for key, lab in (("fsa", "fsa"), ("nsa", "nsa"), ("full", full[0] if full else None)):
+            row[f"acc_far_{key}"] = runs[lab]["final_accuracy_far"] if lab in runs else math.nan
+        twins = [lab for lab in runs if lab.startswith("nsa (")]
+        for key, pair in (("fsa_nsa", ("fsa", "nsa")), ("nsa_nsa", ("nsa", twins[0] if twins else None))):
+            gap = loss_gaps(_curve(runs[pair[0]]), _curve(runs[pair[1]])) if set(pair) <= set(runs) else pd.Series()
+            over = gap.index[gap > threshold]
+            row[f"{key}_median_gap"] = float(gap.median()) if len(gap) else math.nan
+            row[f"{key}_max_gap"] = float(gap.max()) if len(gap) else math.nan
+            row[f"{key}_first_step_over"] = int(over[0]) if len(over) else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _convergence_section(platform: str, results_dir) -> list[str]:
+    gaps = convergence_gaps(results.load_table(platform, "convergence", results_dir))
+    if gaps.empty:
+        return []
+    return ["## Convergence (Figure 11's claim: FSA's loss matches NSA's)", "",
+            "Per task (needle span, steps): final far-needle accuracy, and |loss_FSA - loss_NSA| over the",
+            "logged steps beside the same gap between two NSA runs that differ only in rounding (another",
+            "window branch; '—' where not run). first_step_over: first logged step with a gap above 0.02.", "",
+            *_markdown_table(gaps)]
+
+
 def _provenance_lines(platform: str, results_dir) -> list[str]:
     seen = {}
     for exp in ("kernel", "breakdown", "ablation", "buffers", "longctx", "train", "prefill", "convergence"):
@@ -352,7 +419,8 @@ def _multi_gpu_sections(platform: str, results_dir) -> list[str]:
                                results.load_table(platform, "prefill", results_dir)], ignore_index=True))
     if len(tp[tp["world_size"] > 1]):
         lines += ["## Tensor-parallel Llama3-8B prefill (Tables 13 and 15 layout: seconds, attention ms)", "",
-                  "TP = 1 rows are the single-GPU `prefill` experiment's. Attention-module times (one layer's",
+                  "TP = 1 rows come from the same runner on one rank (`torchrun --nproc-per-node 1`), else from",
+                  "the single-GPU `prefill` experiment. Attention-module times (one layer's",
                   "attention in isolation, this rank's heads) count only where the all-reduce was waited on",
                   "inside the timed call; '—' where not measured so.", "",
                   *_markdown_table(tp)]
@@ -385,6 +453,7 @@ def write_reproduction(platform: str, out: str | Path, results_dir=None, figures
           for r in rows],
         "",
     ]
+    lines += _convergence_section(platform, results_dir)
     lines += _multi_gpu_sections(platform, results_dir)
     if figures:
         lines += [f"Figures and tables: `{figures}/` (one folder per notebook of `analysis/`).", ""]

@@ -85,12 +85,17 @@ def load_experiment(name_or_path: str | Path, smoke: bool = False) -> dict:
 def point_id(p: dict) -> str:
     """Stable, file-name-safe id, e.g. ``trainstep-llama3-8b-fsa-N65536-b1-L2-B64-T16-bf16``
     (parallel runs end with the mode and rank count, ``-fsdp8``; convergence runs with their
-    step count, ``-S500``, after ``-span32`` when needles are runs of 32 tokens)."""
+    step count, ``-S500``, after ``-span32`` when needles are runs of 32 tokens). A compression or
+    window branch other than ``auto`` adds ``-cmp<impl>`` / ``-win<impl>``, so the default points
+    keep their ids."""
     layers = "full" if p.get("layers") in (None, 0) else p["layers"]
     parts = [p["op"].replace("_", ""), p["model"], p["impl"], f"N{p['N']}", f"b{p['batch']}", f"L{layers}",
              f"B{p['block_size']}", f"T{p['topk']}", _DTYPE_TAGS[p["dtype"]]]
     if p.get("window_size", 512) != 512:
         parts.append(f"w{p['window_size']}")
+    for key, tag in (("compression_impl", "cmp"), ("window_impl", "win")):
+        if p.get(key, "auto") != "auto":
+            parts.append(f"{tag}{p[key]}")
     if p.get("parallel", "none") != "none":
         # The rank count comes from the launcher (torchrun sets WORLD_SIZE before Python starts),
         # so TP = 2 and TP = 8 runs on one host write different results.

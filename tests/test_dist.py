@@ -37,8 +37,8 @@ def test_fsdp2_train_step_two_processes(tmp_path):
     assert row["n_samples"] == 2 and row["loss"] == row["loss"]
 
 
-def _tp_worker(rank: int, port: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+def _tp_worker(rank: int, port: int, queue, world: int, shape: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     from fsalab import NSAConfig
     from fsalab.bench import prefill, train
@@ -49,21 +49,21 @@ def _tp_worker(rank: int, port: int, queue) -> None:
     results, kinds = [], []
     # Qwen3 QK-norm through the NSA adapter; Qwen2 biases through HF's own attention.
     for name, impl in (("qwen3-14b", "reference"), ("qwen2.5-32b", "sdpa_math")):
-        model = configs.build_model(name, 2, "cpu", torch.float32, **TINY)
+        model = configs.build_model(name, 2, "cpu", torch.float32, **shape)
         configs.init_random_(model, seed=0)
         patch.patch_model(model, impl, NSAConfig(block_size=32, topk=3, window_size=32))
-        ids = torch.randint(0, TINY["vocab_size"], (1, 128), generator=torch.Generator().manual_seed(1))
+        ids = torch.randint(0, shape["vocab_size"], (1, 128), generator=torch.Generator().manual_seed(1))
         with torch.no_grad(), patch.attention_context(impl):
             ref = model(input_ids=ids, use_cache=False).logits
             tp.apply_tensor_parallel(model)
             out = model(input_ids=ids, use_cache=False).logits
             mlp = patch.decoder_layers(model)[0].mlp
-            pending = mlp(torch.randn(1, 16, TINY["hidden_size"]))
+            pending = mlp(torch.randn(1, 16, shape["hidden_size"]))
         results.append((name, (out - ref).abs().max().item(), ref.abs().max().item()))
         kinds.append((type(pending).__name__, type(train.settled(pending)).__name__))
     p = {**train.DEFAULTS, "op": "prefill", "model": "llama3-8b", "impl": "reference", "N": 128, "dtype": "float32",
          "layers": None, "topk": 3, "window_size": 32, "parallel": "tp", "experiment": "prefill",
-         "model_overrides": {**TINY, "num_hidden_layers": 2}}
+         "model_overrides": {**shape, "num_hidden_layers": 2}}
     p["id"] = train.point_id(p)
     row = prefill.run_point(p, {"timing": {"warmup": 0, "repeats": 1}}, device, "cpu-test")
     queue.put((rank, results, kinds,
@@ -71,8 +71,14 @@ def _tp_worker(rank: int, port: int, queue) -> None:
     fsdp.teardown()
 
 
-def test_tensor_parallel_prefill_two_processes():
-    """Splitting a materialised model's heads and MLP over 2 ranks leaves its logits unchanged;
+# TP = 4 with Qwen's group size g = 5 (20 query heads, 4 KV heads: one KV head and its 5 query
+# heads per rank, as Qwen's 40 / 8 heads split at TP = 8).
+TP_CASES = [(2, TINY), (4, {**TINY, "hidden_size": 320, "num_attention_heads": 20, "num_key_value_heads": 4, "head_dim": 16})]
+
+
+@pytest.mark.parametrize("world, shape", TP_CASES, ids=["tp2", "tp4-g5"])
+def test_tensor_parallel_prefill(world, shape):
+    """Splitting a materialised model's heads and MLP over the ranks leaves its logits unchanged;
     ``train.settled`` turns a row-parallel layer's pending all-reduce into a plain tensor (so
     the isolated module timings include it); the prefill runner's tensor-parallel path (meta
     build, split, materialise) gives a row."""
@@ -80,16 +86,16 @@ def test_tensor_parallel_prefill_two_processes():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     queue = mp.get_context("spawn").Queue()
-    mp.start_processes(_tp_worker, args=(port, queue), nprocs=2, start_method="spawn")
-    for _ in range(2):
+    mp.start_processes(_tp_worker, args=(port, queue, world, shape), nprocs=world, start_method="spawn")
+    for _ in range(world):
         rank, results, kinds, row = queue.get(timeout=60)
         for name, err, scale in results:
             assert err <= 1e-5 * max(1.0, scale), f"rank {rank} {name}: max abs diff {err}"
         for pending, waited in kinds:
             assert (pending, waited) == ("AsyncCollectiveTensor", "Tensor"), (pending, waited)
-        assert "all-reduce waited" in row["split_kind"]
         assert row["status"] == "ok", row["message"]
-        assert row["world_size"] == 2 and row["layers"] == 2 and row["point"].endswith("-tp2")
+        assert "all-reduce waited" in row["split_kind"]
+        assert row["world_size"] == world and row["layers"] == 2 and row["point"].endswith(f"-tp{world}")
 
 
 def test_tensor_parallel_prefill_one_rank(tmp_path):

@@ -185,6 +185,10 @@ def _bind_full(impl: str, options: dict) -> BoundOp:
 
 
 def _bind_nsa(impl: str, options: dict) -> BoundOp:
+    # fused_gate=False times the torch gated sum instead of ops.gate's kernel (the A/B of that kernel).
+    options = dict(options)
+    fused_gate = options.pop("fused_gate", True) and impl != "reference"
+    gated_sum = _import("fsalab.ops.gate", "gated_sum") if fused_gate else reference.gated_sum
     if impl == "reference":
         mod, win, sel = reference, _window_fn("reference"), _selected_fn("reference", {})
     else:
@@ -196,10 +200,12 @@ def _bind_nsa(impl: str, options: dict) -> BoundOp:
         o_cmp, block_idx = _compress_and_select(mod, x)
         o_slc = _first(sel(t["q"], t["k"], t["v"], block_idx, x.cu_seqlens, x.cfg.block_size))
         o_win = _first(win(t["q"], t["k"], t["v"], x.cu_seqlens, x.cfg.window_size))
-        return reference.gated_sum(o_cmp, o_slc, o_win, t["gate"]), block_idx
+        dt = o_cmp.dtype  # the reference window branch (CPU) returns fp32; the fused sum takes one dtype
+        return gated_sum(o_cmp, o_slc.to(dt), o_win.to(dt), t["gate"]), block_idx
 
     sources = {"selected": impl, "compression": "reference" if impl == "reference" else "triton",
-               "window": "reference" if impl == "reference" else "auto"}
+               "window": "reference" if impl == "reference" else "auto",
+               "gate": "triton" if fused_gate else "reference"}
     # need_indices: the op selects its own blocks; the input-time selection only counts the
     # attended keys of its useful FLOPs (same compression path, same inputs).
     return BoundOp("nsa_attention", impl, fn, _ref_nsa, True, sources)

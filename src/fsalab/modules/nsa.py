@@ -10,8 +10,7 @@ from torch import nn
 
 from ..checks import check_cu_seqlens, check_tensor
 from ..config import NSAConfig
-from ..ops import compression_ops, selection_default, window_op
-from ..ops.reference import gated_sum
+from ..ops import compression_ops, gate_op, selection_default, window_op
 from ..ops.selection import selected_attention
 from ..varlen import compressed_index, local_positions, sequence_ids
 from .rope import apply_rope, rope_inv_freq
@@ -166,4 +165,4 @@ class NativeSparseAttention(nn.Module):
         o_slc, _ = selected_attention(q, k, v, block_idx, cu_seqlens, cfg.block_size, impl=selection)
         o_win, _ = window_op(self.window_impl, x.device)(q, k, v, cu_seqlens, cfg.window_size)
         gates = self.gate_proj(x).view(total, h, 3)
-        return gated_sum(o_cmp.to(q.dtype), o_slc.to(q.dtype), o_win.to(q.dtype), gates)
+        return gate_op(x.device)(o_cmp.to(q.dtype), o_slc.to(q.dtype), o_win.to(q.dtype), gates)

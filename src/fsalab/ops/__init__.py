@@ -3,6 +3,8 @@
 - compression ops (compress_kv, compressed_attention, select_blocks): "reference" | "triton" | "auto"
 - selected attention: see ``fsalab.ops.selection`` ("reference" | "nsa" | "fsa" | "fsa_paper" | "auto")
 - sliding window: "reference" | "triton" | "flash_attn" | "auto"
+- gated sum of the three branches: the fused kernel (``fsalab.ops.gate``) on CUDA, the
+  reference elsewhere (``gate_op``)
 
 "auto" picks the kernels on CUDA tensors and the reference elsewhere.
 """
@@ -47,6 +49,15 @@ def window_op(impl: str, device: torch.device):
         return window_attention(q, k, v, cu_seqlens, window_size, scale, backend=backend)
 
     return op
+
+
+def gate_op(device: torch.device):
+    """NSA's gated sum (o_cmp, o_slc, o_win, gate_logits) -> o for tensors on ``device``."""
+    if device.type == "cuda":
+        from .gate import gated_sum
+    else:
+        from .reference import gated_sum
+    return gated_sum
 
 
 def selection_default(device: torch.device) -> str:

@@ -46,6 +46,7 @@ def test_matches_reference_every_head_dim(d, gen, device):
     [
         (1, 1, torch.float32, torch.float32, 1.0),  # a single token
         (200, 5, torch.float16, torch.float32, 1.0),  # g = 5 heads, fp32 logits beside fp16 outputs
+        (300, 5, torch.bfloat16, torch.bfloat16, 1.0),  # no tl.dot here, so bf16 runs right under the interpreter too
         (50, 4, torch.float32, torch.float32, 40.0),  # saturated gates: σ = 0 or 1, zero gate gradients
     ],
 )

@@ -367,7 +367,7 @@ def convergence_gaps(df: pd.DataFrame, threshold: float = 0.02) -> pd.DataFrame:
             row[f"acc_far_{key}"] = runs[lab]["final_accuracy_far"] if lab in runs else math.nan
         twins = [lab for lab in runs if lab.startswith("nsa (")]
         for key, pair in (("fsa_nsa", ("fsa", "nsa")), ("nsa_nsa", ("nsa", twins[0] if twins else None))):
-            gap = loss_gaps(_curve(runs[pair[0]]), _curve(runs[pair[1]])) if set(pair) <= set(runs) else pd.Series()
+            gap = loss_gaps(_curve(runs[pair[0]]), _curve(runs[pair[1]])) if set(pair) <= set(runs) else pd.Series(dtype=float)
             over = gap.index[gap > threshold]
             row[f"{key}_median_gap"] = float(gap.median()) if len(gap) else math.nan
             row[f"{key}_max_gap"] = float(gap.max()) if len(gap) else math.nan

@@ -5,10 +5,10 @@ reference is ``reference.gated_sum``.
 
 Why a kernel: in torch the forward is six elementwise launches (a sigmoid, three products, two
 sums) and the backward about a dozen, each a full pass over [total, h, d]. At 8K tokens whole NSA
-attention is bound by its launches (docs/perf-log.md, "Open"); at 64K those ops make 12 passes
-over the branch outputs where one forward kernel makes 4 (read three, write one) and one
-backward kernel 7 (read do and the three outputs, write their three gradients). The logits'
-sigmoid and every product are computed in fp32 and rounded once.
+attention takes ~2 ms, where every launch shows (docs/perf-log.md, "Open"); at 64K those ops
+make 12 passes over the branch outputs where one forward kernel makes 4 (read three, write one)
+and one backward kernel 7 (read do and the three outputs, write their three gradients). The
+logits' sigmoid and every product are computed in fp32 and rounded once.
 """
 
 from __future__ import annotations

@@ -26,43 +26,51 @@ _ELEMENTS_PER_PROGRAM = 4096
 
 @triton.jit
 def _rows(pid, n_rows, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr):
-    r = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    """This program's rows of [n_rows, D]: the first row (int64: n_rows * D can pass 2^31), the
+    rows' int32 offsets from it, and the masks; per-element offsets stay 32-bit."""
+    first = pid.to(tl.int64) * BLOCK_R
+    i = tl.arange(0, BLOCK_R)
     dd = tl.arange(0, D_PAD)
-    r_ok = r < n_rows
-    return r, r_ok, r[:, None] * D + dd[None, :], r_ok[:, None] & (dd < D)[None, :]
+    r_ok = first + i < n_rows
+    return first, i, r_ok, i[:, None] * D + dd[None, :], r_ok[:, None] & (dd < D)[None, :]
 
 
 @triton.jit
 def _gated_sum_fwd(o1_ptr, o2_ptr, o3_ptr, g_ptr, out_ptr, n_rows,
                    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr):
-    r, r_ok, off, ok = _rows(tl.program_id(0), n_rows, D, D_PAD, BLOCK_R)
-    s1 = tl.sigmoid(tl.load(g_ptr + r * 3, mask=r_ok, other=0.0).to(tl.float32))
-    s2 = tl.sigmoid(tl.load(g_ptr + r * 3 + 1, mask=r_ok, other=0.0).to(tl.float32))
-    s3 = tl.sigmoid(tl.load(g_ptr + r * 3 + 2, mask=r_ok, other=0.0).to(tl.float32))
-    o = s1[:, None] * tl.load(o1_ptr + off, mask=ok, other=0.0).to(tl.float32)
-    o += s2[:, None] * tl.load(o2_ptr + off, mask=ok, other=0.0).to(tl.float32)
-    o += s3[:, None] * tl.load(o3_ptr + off, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + off, o.to(out_ptr.dtype.element_ty), mask=ok)
+    first, i, r_ok, off, ok = _rows(tl.program_id(0), n_rows, D, D_PAD, BLOCK_R)
+    g_ptr += first * 3 + i * 3
+    base = first * D
+    s1 = tl.sigmoid(tl.load(g_ptr, mask=r_ok, other=0.0).to(tl.float32))
+    s2 = tl.sigmoid(tl.load(g_ptr + 1, mask=r_ok, other=0.0).to(tl.float32))
+    s3 = tl.sigmoid(tl.load(g_ptr + 2, mask=r_ok, other=0.0).to(tl.float32))
+    o = s1[:, None] * tl.load(o1_ptr + base + off, mask=ok, other=0.0).to(tl.float32)
+    o += s2[:, None] * tl.load(o2_ptr + base + off, mask=ok, other=0.0).to(tl.float32)
+    o += s3[:, None] * tl.load(o3_ptr + base + off, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + base + off, o.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def _branch_bwd(do, o_ptr, g_ptr, d_ptr, dg_ptr, r, r_ok, off, ok, i: tl.constexpr):
-    """One branch's gradients: d o_i = σ_i · do, d g_i = σ_i (1 - σ_i) · <do, o_i> over d."""
-    s = tl.sigmoid(tl.load(g_ptr + r * 3 + i, mask=r_ok, other=0.0).to(tl.float32))
+def _branch_bwd(do, o_ptr, g_ptr, d_ptr, dg_ptr, r_ok, off, ok, k: tl.constexpr):
+    """Branch k's gradients: d o_k = σ_k · do, d g_k = σ_k (1 - σ_k) · <do, o_k> over d.
+    o_ptr, d_ptr: this program's first row; g_ptr, dg_ptr: each row's three logits."""
+    s = tl.sigmoid(tl.load(g_ptr + k, mask=r_ok, other=0.0).to(tl.float32))
     o = tl.load(o_ptr + off, mask=ok, other=0.0).to(tl.float32)
     tl.store(d_ptr + off, (s[:, None] * do).to(d_ptr.dtype.element_ty), mask=ok)
     dg = s * (1.0 - s) * tl.sum(do * o, axis=1)
-    tl.store(dg_ptr + r * 3 + i, dg.to(dg_ptr.dtype.element_ty), mask=r_ok)
+    tl.store(dg_ptr + k, dg.to(dg_ptr.dtype.element_ty), mask=r_ok)
 
 
 @triton.jit
 def _gated_sum_bwd(do_ptr, o1_ptr, o2_ptr, o3_ptr, g_ptr, d1_ptr, d2_ptr, d3_ptr, dg_ptr, n_rows,
                    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr):
-    r, r_ok, off, ok = _rows(tl.program_id(0), n_rows, D, D_PAD, BLOCK_R)
-    do = tl.load(do_ptr + off, mask=ok, other=0.0).to(tl.float32)
-    _branch_bwd(do, o1_ptr, g_ptr, d1_ptr, dg_ptr, r, r_ok, off, ok, 0)
-    _branch_bwd(do, o2_ptr, g_ptr, d2_ptr, dg_ptr, r, r_ok, off, ok, 1)
-    _branch_bwd(do, o3_ptr, g_ptr, d3_ptr, dg_ptr, r, r_ok, off, ok, 2)
+    first, i, r_ok, off, ok = _rows(tl.program_id(0), n_rows, D, D_PAD, BLOCK_R)
+    base = first * D
+    rows3 = first * 3 + i * 3
+    do = tl.load(do_ptr + base + off, mask=ok, other=0.0).to(tl.float32)
+    _branch_bwd(do, o1_ptr + base, g_ptr + rows3, d1_ptr + base, dg_ptr + rows3, r_ok, off, ok, 0)
+    _branch_bwd(do, o2_ptr + base, g_ptr + rows3, d2_ptr + base, dg_ptr + rows3, r_ok, off, ok, 1)
+    _branch_bwd(do, o3_ptr + base, g_ptr + rows3, d3_ptr + base, dg_ptr + rows3, r_ok, off, ok, 2)
 
 
 def _empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -1,11 +1,12 @@
-"""Compile the planning kernels (index_kernels, worklist) for a CUDA target, without a GPU.
+"""Compile the planning kernels (index_kernels, worklist) and the gated sum (ops/gate.py) for a
+CUDA target, without a GPU.
 
 The tests run every kernel through the Triton interpreter, which accepts code the compiler may
 reject. This script runs the real pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin, with the
 ptxas bundled in Triton's wheel) for each kernel variant the code launches, including the
 variants where integer arguments equal to 1 become constants (the launcher specialises them).
 
-    PYTHONPATH=src python scripts/compile_plan_kernels.py [--arch 90]
+    PYTHONPATH=src python scripts/compile_kernels.py [--arch 90]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from fsalab.ops import gate
 from fsalab.ops.selection import index_kernels as ik
 from fsalab.ops.selection import worklist as wl
 
@@ -54,6 +56,15 @@ def variants():
     for sub in (True, False):
         yield wl._items_kernel, item_ptrs, {"WITH_SUB": sub, "BLOCK": 1024}, 4
     yield wl._items_kernel, item_ptrs, {"WITH_SUB": True, "BLOCK": 1024} | ones(("rows", "n_items", "steps"), 1), 4
+    # The gated sum as the module launches it (outputs and logits in the model's dtype; fp32 logits
+    # beside bf16 outputs), d = 128 and d = 96 (padded), and the one-row call (n_rows = 1).
+    for out_t, gate_t in (("*bf16", "*bf16"), ("*fp16", "*fp16"), ("*bf16", "*fp32")):
+        for d, extra in ((128, {}), (96, {}), (128, {"n_rows": 1})):
+            tiles = {"D": d, "D_PAD": triton.next_power_of_2(d), "BLOCK_R": 4096 // triton.next_power_of_2(d)}
+            fwd = dict.fromkeys(("o1_ptr", "o2_ptr", "o3_ptr", "out_ptr"), out_t) | {"g_ptr": gate_t}
+            bwd = dict.fromkeys(("do_ptr", "o1_ptr", "o2_ptr", "o3_ptr", "d1_ptr", "d2_ptr", "d3_ptr"), out_t)
+            yield gate._gated_sum_fwd, fwd, tiles | extra, 4
+            yield gate._gated_sum_bwd, bwd | {"g_ptr": gate_t, "dg_ptr": gate_t}, tiles | extra, 4
 
 
 def compile_variant(kernel, ptrs: dict, constexprs: dict, num_warps: int, target: GPUTarget):

@@ -19,21 +19,28 @@ TINY = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, 
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
 
 
-def test_fsdp2_train_step_two_processes(tmp_path):
-    """The production command, torchrun -m fsalab.bench.train --parallel fsdp, on 2 CPU ranks:
-    the row is ok, each rank holds half the parameters (fully_shard per layer + root), the loss
-    is finite."""
+# 4 ranks: Qwen2.5-32B's biases (the model that needs a 4-GPU host) with 4 KV heads, so NSA's
+# per-KV-head compression weights (dim 0 = KV heads) split evenly, as 8 KV heads do on 4 or 8 GPUs.
+FSDP_CASES = [(2, "qwen3-14b", TINY),
+              (4, "qwen2.5-32b", {**TINY, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16})]
+
+
+@pytest.mark.parametrize("ranks, model, shape", FSDP_CASES, ids=["fsdp2", "fsdp4"])
+def test_fsdp2_train_step(ranks, model, shape, tmp_path):
+    """The production command, torchrun -m fsalab.bench.train --parallel fsdp, on 2 and 4 CPU
+    ranks: the row is ok, each rank holds 1/ranks of the parameters (fully_shard per layer +
+    root), the loss is finite."""
     out = tmp_path / "train.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "fsalab.bench.train", "--model", "qwen3-14b", "--impl", "reference", "--N", "128", "--layers", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+           "-m", "fsalab.bench.train", "--model", model, "--impl", "reference", "--N", "128", "--layers", "2",
            "--parallel", "fsdp", "--dtype", "float32", "--topk", "3", "--window-size", "32", "--loss-chunk", "64",
-           "--warmup", "0", "--repeats", "2", "--model-overrides", json.dumps(TINY), "--out", str(out)]
+           "--warmup", "0", "--repeats", "2", "--model-overrides", json.dumps(shape), "--out", str(out)]
     proc = subprocess.run(cmd, check=False, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     row = json.loads(out.read_text())
     assert row["status"] == "ok", row.get("traceback", row["message"])
-    assert row["world_size"] == 2 and row["parallel"] == "fsdp" and row["point"].endswith("-fsdp2")
-    assert row["local_param_fraction"] == pytest.approx(0.5, abs=0.01)
+    assert row["world_size"] == ranks and row["parallel"] == "fsdp" and row["point"].endswith(f"-fsdp{ranks}")
+    assert row["local_param_fraction"] == pytest.approx(1 / ranks, abs=0.01)
     assert row["n_samples"] == 2 and row["loss"] == row["loss"]
 
 

@@ -217,6 +217,7 @@ def test_full_depth_measurement_beside_its_single_gpu_estimate(tmp_path):
         tmp_path / "unit-gpux2" / "train_fsdp.csv", index=False)
     (tmp_path / "unit-gpu-smoke").mkdir()  # not a multi-GPU host of unit-gpu
     pd.DataFrame([{**keys, "impl": "fsa", "median_ms": 1.0}]).to_csv(tmp_path / "unit-gpu-smoke" / "train_fsdp.csv")
+    assert results.multi_gpu_hosts("unit-gpu", tmp_path) == ["unit-gpux2"]
     multi = results.multi_gpu_table("unit-gpu", "train_fsdp", tmp_path)
     assert list(multi["host"]) == ["unit-gpux2", "unit-gpux2"]
     gap = reproduction.full_depth_vs_estimate(single, multi)

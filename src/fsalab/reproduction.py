@@ -332,7 +332,8 @@ def run_label(row) -> str:
     return label
 
 
-def _curve(row) -> dict:
+def curve_of(row) -> dict:
+    """A convergence row's loss/accuracy curve, whether the table holds it parsed or as JSON text."""
     curve = row["curve"]
     return json.loads(curve) if isinstance(curve, str) else curve
 
@@ -367,7 +368,7 @@ def convergence_gaps(df: pd.DataFrame, threshold: float = 0.02) -> pd.DataFrame:
             row[f"acc_far_{key}"] = runs[lab]["final_accuracy_far"] if lab in runs else math.nan
         twins = [lab for lab in runs if lab.startswith("nsa (")]
         for key, pair in (("fsa_nsa", ("fsa", "nsa")), ("nsa_nsa", ("nsa", twins[0] if twins else None))):
-            gap = loss_gaps(_curve(runs[pair[0]]), _curve(runs[pair[1]])) if set(pair) <= set(runs) else pd.Series(dtype=float)
+            gap = loss_gaps(curve_of(runs[pair[0]]), curve_of(runs[pair[1]])) if set(pair) <= set(runs) else pd.Series(dtype=float)
             over = gap.index[gap > threshold]
             row[f"{key}_median_gap"] = float(gap.median()) if len(gap) else math.nan
             row[f"{key}_max_gap"] = float(gap.max()) if len(gap) else math.nan

@@ -112,12 +112,17 @@ def load_table(platform: str, experiment: str, results_dir: str | Path | None = 
     return to_frame(load_rows(platform, experiment, results_dir)) if (root / platform / experiment).is_dir() else to_frame([])
 
 
+def multi_gpu_hosts(platform: str, results_dir: str | Path | None = None) -> list[str]:
+    """The results folders of multi-GPU hosts of ``platform``'s GPU: ``<platform>x<GPUs>``
+    (e.g. h200x2), sorted; h200x2 is one of h200's, h200-smoke is not."""
+    return [p for p in platforms(results_dir) if re.fullmatch(rf"{re.escape(platform)}x\d+", p)]
+
+
 def multi_gpu_table(platform: str, experiment: str, results_dir: str | Path | None = None) -> pd.DataFrame:
-    """``experiment``'s rows from every multi-GPU host of ``platform``'s GPU (the folders
-    ``results/<platform>x<GPUs>/``, e.g. h200x2) in one frame, with ``host`` naming the folder;
-    an empty frame when none has results."""
-    hosts = [p for p in platforms(results_dir) if re.fullmatch(rf"{re.escape(platform)}x\d+", p)]
-    frames = [load_table(h, experiment, results_dir).assign(host=h) for h in hosts]
+    """``experiment``'s rows from every multi-GPU host of ``platform``'s GPU
+    (``multi_gpu_hosts``) in one frame, with ``host`` naming the folder; an empty frame when
+    none has results."""
+    frames = [load_table(h, experiment, results_dir).assign(host=h) for h in multi_gpu_hosts(platform, results_dir)]
     frames = [f for f in frames if len(f)]
     return pd.concat(frames, ignore_index=True) if frames else to_frame([])
 

@@ -50,8 +50,6 @@ POINT_RUNNERS = ("kernel", "dram", "train", "prefill", "convergence")
 POINT_EXPERIMENTS = [n for n, e in EXPERIMENTS.items() if e["runner"] in POINT_RUNNERS]
 POINTS = {n: [p["id"] for p in grid.expand(EXPERIMENTS[n])] for n in POINT_EXPERIMENTS}
 if config.get("point_filter"):
-    import re
-
     POINTS = {n: [p for p in ids if re.search(config["point_filter"], p)] for n, ids in POINTS.items()}
 
 
@@ -77,13 +75,14 @@ def experiments_of_notebook(notebook):
 def multi_gpu_tables(platform, notebook):
     """CSVs of this notebook's experiments measured on multi-GPU hosts of the platform's GPU
     (results/<platform>x<GPUs>/, e.g. train_fsdp and prefill_tp under torchrun), already on disk."""
+    from fsalab.results import multi_gpu_hosts
+
     out = []
-    for path in sorted((ROOT / "results").glob(f"{platform}x*/*.csv")):
-        name = path.stem
-        if not re.fullmatch(rf"{re.escape(platform)}x\d+", path.parent.name):
-            continue
-        if grid.experiment_path(name).is_file() and grid.load_experiment(name).get("notebook", name) == notebook:
-            out.append(str(path.relative_to(ROOT)))
+    for host in multi_gpu_hosts(platform, ROOT / "results"):
+        for path in sorted((ROOT / "results" / host).glob("*.csv")):
+            name = path.stem
+            if grid.experiment_path(name).is_file() and grid.load_experiment(name).get("notebook", name) == notebook:
+                out.append(str(path.relative_to(ROOT)))
     return out
 
 

@@ -3,12 +3,13 @@
 o = σ(g_cmp)·o_cmp + σ(g_slc)·o_slc + σ(g_win)·o_win, gate logits [total, h, 3]; the fp32
 reference is ``reference.gated_sum``.
 
-Why a kernel: in torch the forward is six elementwise launches (a sigmoid, three products, two
-sums) and the backward about a dozen, each a full pass over [total, h, d]. At 8K tokens whole NSA
-attention takes ~2 ms, where every launch shows (docs/perf-log.md, "Open"); at 64K those ops
-make 12 passes over the branch outputs where one forward kernel makes 4 (read three, write one)
-and one backward kernel 7 (read do and the three outputs, write their three gradients). The
-logits' sigmoid and every product are computed in fp32 and rounded once.
+Why a kernel: in torch the forward is six elementwise ops (a sigmoid, three products, two sums)
+and the backward fifteen (counted by scripts/count_launches.py), most of them a pass over
+[total, h, d]. At 8K tokens whole NSA attention takes ~2 ms, where every launch shows
+(docs/perf-log.md, "Open"); at 64K the forward's ops make 12 passes over the branch outputs
+where one kernel makes 4 (read three, write one), and one backward kernel makes 7 (read do and
+the three outputs, write their three gradients). The logits' sigmoid and every product are
+computed in fp32 and rounded once.
 """
 
 from __future__ import annotations

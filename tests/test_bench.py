@@ -72,9 +72,11 @@ def test_e2e_point_ids_carry_steps_and_rank_count(monkeypatch):
     conv = {**train.DEFAULTS, "op": "convergence", "model": "llama3-8b", "impl": "fsa", "N": 4096, "steps": 3000,
             "dtype": "bfloat16"}
     assert train.point_id(conv).endswith("-S3000")
-    # Another window branch is another run (the convergence noise floor), the default id is unchanged.
+    # Another window or gate branch is another run (the convergence noise floor), the default id is unchanged.
     assert train.point_id({**conv, "window_impl": "reference"}) == train.point_id(conv).replace(
         "-bf16-", "-bf16-winreference-")
+    assert train.point_id({**conv, "gate_impl": "reference"}) == train.point_id(conv).replace(
+        "-bf16-", "-bf16-gatereference-")
     monkeypatch.setenv("WORLD_SIZE", "4")
     tp = {**train.DEFAULTS, "op": "prefill", "model": "llama3-8b", "impl": "nsa", "N": 32768, "parallel": "tp",
           "dtype": "float16"}
@@ -328,7 +330,7 @@ def test_convergence_gaps_set_fsa_nsa_beside_the_nsa_noise_floor():
     import pandas as pd
 
     def run(impl, losses, window="auto", span=32, acc=0.9):
-        return {"impl": impl, "window_impl": window, "needle_span": span, "steps": 3, "status": "ok",
+        return {"impl": impl, "window_impl": window, "gate_impl": "auto", "needle_span": span, "steps": 3, "status": "ok",
                 "final_accuracy_far": acc, "curve": {"step": [0, 1, 2], "loss": losses}}
 
     df = pd.DataFrame([
@@ -338,6 +340,7 @@ def test_convergence_gaps_set_fsa_nsa_beside_the_nsa_noise_floor():
         {**run("nsa", [0.0, 0.0, 0.0], span=1), "status": "error"},
     ])
     assert reproduction.run_label(df.iloc[3]) == "nsa (window reference)"
+    assert reproduction.run_label({**df.iloc[1], "gate_impl": "reference"}) == "nsa (gate reference)"
     gaps = reproduction.convergence_gaps(df).set_index("needle_span")
     span32 = gaps.loc[32]
     assert span32["fsa_nsa_max_gap"] == pytest.approx(0.1) and span32["fsa_nsa_first_step_over"] == 1

@@ -86,3 +86,14 @@ def test_errors():
 @pytest.mark.gpu
 def test_bf16_on_gpu(gen, device):
     _check(3000, 8, 128, torch.bfloat16, torch.bfloat16, gen, device)
+
+
+def test_gate_op_picks_by_name():
+    """"auto" is the fused kernel on CUDA only; "triton" asks for it anywhere; an unknown name fails."""
+    from fsalab.ops import gate_op
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert gate_op("auto", cpu) is reference.gated_sum and gate_op("reference", cuda) is reference.gated_sum
+    assert gate_op("auto", cuda) is gate.gated_sum and gate_op("triton", cpu) is gate.gated_sum
+    with pytest.raises(ValueError, match="gate impl"):
+        gate_op("fused", cpu)

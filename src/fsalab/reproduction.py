@@ -322,10 +322,10 @@ def full_depth_vs_estimate(single: pd.DataFrame, multi: pd.DataFrame) -> pd.Data
 
 
 def run_label(row) -> str:
-    """A convergence run's name: its selection impl, plus any compression or window branch other
-    than ``auto`` (``nsa (window reference)``: the same NSA model rounded differently)."""
+    """A convergence run's name: its selection impl, plus any compression, window or gate branch
+    other than ``auto`` (``nsa (gate reference)``: the same NSA model rounded differently)."""
     label = str(row["impl"])
-    for key, name in (("compression_impl", "compression"), ("window_impl", "window")):
+    for key, name in (("compression_impl", "compression"), ("window_impl", "window"), ("gate_impl", "gate")):
         value = row.get(key)
         if isinstance(value, str) and value != "auto":
             label += f" ({name} {value})"
@@ -348,8 +348,8 @@ def loss_gaps(a: dict, b: dict) -> pd.Series:
 def convergence_gaps(df: pd.DataFrame, threshold: float = 0.02) -> pd.DataFrame:
     """Per convergence task (``needle_span``, ``steps``): final far-needle accuracy of FSA, NSA
     and full attention, the FSA-NSA loss gap (median, max, first step above ``threshold``) and,
-    where a second NSA run differing only in rounding exists (another window or compression
-    branch), the same gap between the two NSA runs: the noise floor the FSA-NSA gap is judged
+    where a second NSA run differing only in rounding exists (another compression, window
+    or gate branch), the same gap between the two NSA runs: the noise floor the FSA-NSA gap is judged
     against. ``df``: convergence rows with their ``curve``."""
     cols = ["needle_span", "steps", "acc_far_fsa", "acc_far_nsa", "acc_far_full", "fsa_nsa_median_gap",
             "fsa_nsa_max_gap", "fsa_nsa_first_step_over", "nsa_nsa_median_gap", "nsa_nsa_max_gap",
@@ -384,7 +384,7 @@ def _convergence_section(platform: str, results_dir) -> list[str]:
     return ["## Convergence (Figure 11's claim: FSA's loss matches NSA's)", "",
             "Per task (needle span, steps): final far-needle accuracy, and |loss_FSA - loss_NSA| over the",
             "logged steps beside the same gap between two NSA runs that differ only in rounding (another",
-            "window branch; '—' where not run). first_step_over: first logged step with a gap above 0.02.", "",
+            "gate or window branch; '—' where not run). first_step_over: first logged step with a gap above 0.02.", "",
             *_markdown_table(gaps)]
 
 

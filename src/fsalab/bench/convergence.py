@@ -157,6 +157,9 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
                 curve["loss"].append(float(loss.detach()))
                 for key, m in (("accuracy", mask), ("accuracy_far", far), ("accuracy_near", mask & ~far)):
                     curve[key].append(float(hit[m].float().mean()) if bool(m.any()) else None)
+            if (step + 1) % max(1, p["steps"] // 10) == 0:  # a run takes minutes: show it moving
+                print(f"  {p['id']}: step {step + 1}/{p['steps']}, loss {curve['loss'][-1]:.3f}, "
+                      f"{time.time() - started:.0f} s", file=sys.stderr, flush=True)
         timed_ms = sorted(step_ms[1:] or step_ms)  # the first step compiles/autotunes
         row.update(median_ms=timed_ms[len(timed_ms) // 2], p20_ms=timed_ms[int(0.2 * (len(timed_ms) - 1))],
                    p80_ms=timed_ms[int(0.8 * (len(timed_ms) - 1))], n_samples=len(timed_ms))

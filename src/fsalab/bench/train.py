@@ -55,6 +55,7 @@ DEFAULTS = {
     "window_size": 512,
     "compression_impl": "auto",
     "window_impl": "auto",
+    "gate_impl": "auto",
     "checkpointing": True,
     "loss_chunk": 4096,
     "split": True,
@@ -62,6 +63,8 @@ DEFAULTS = {
     "parallel": "none",
     "model_overrides": {},
 }
+# NSA branches whose op is chosen by name, and their tag in a point id when not "auto".
+_BRANCH_TAGS = (("compression_impl", "cmp"), ("window_impl", "win"), ("gate_impl", "gate"))
 _ID_KEYS = ("model", "impl", "N", "batch", "layers", "block_size", "topk", "dtype")
 
 
@@ -85,15 +88,15 @@ def load_experiment(name_or_path: str | Path, smoke: bool = False) -> dict:
 def point_id(p: dict) -> str:
     """Stable, file-name-safe id, e.g. ``trainstep-llama3-8b-fsa-N65536-b1-L2-B64-T16-bf16``
     (parallel runs end with the mode and rank count, ``-fsdp8``; convergence runs with their
-    step count, ``-S500``, after ``-span32`` when needles are runs of 32 tokens). A compression or
-    window branch other than ``auto`` adds ``-cmp<impl>`` / ``-win<impl>``, so the default points
-    keep their ids."""
+    step count, ``-S500``, after ``-span32`` when needles are runs of 32 tokens). A compression,
+    window or gate branch other than ``auto`` adds ``-cmp<impl>`` / ``-win<impl>`` / ``-gate<impl>``,
+    so the default points keep their ids."""
     layers = "full" if p.get("layers") in (None, 0) else p["layers"]
     parts = [p["op"].replace("_", ""), p["model"], p["impl"], f"N{p['N']}", f"b{p['batch']}", f"L{layers}",
              f"B{p['block_size']}", f"T{p['topk']}", _DTYPE_TAGS[p["dtype"]]]
     if p.get("window_size", 512) != 512:
         parts.append(f"w{p['window_size']}")
-    for key, tag in (("compression_impl", "cmp"), ("window_impl", "win")):
+    for key, tag in _BRANCH_TAGS:
         if p.get(key, "auto") != "auto":
             parts.append(f"{tag}{p[key]}")
     if p.get("parallel", "none") != "none":
@@ -170,7 +173,7 @@ def build_patched_model(p: dict, device: torch.device, dtype: torch.dtype, wrap=
     impl = patch.canonical_impl(p["impl"])
     model = configs.build_model(p["model"], p.get("layers") or None, "meta", dtype,
                                 patch.attn_implementation_for(impl), **p.get("model_overrides", {}))
-    patch.patch_model(model, impl, nsa_config_of(p), p["compression_impl"], p["window_impl"])
+    patch.patch_model(model, impl, nsa_config_of(p), p["compression_impl"], p["window_impl"], p["gate_impl"])
     root = wrap(model) if wrap is not None else model
     if shard is not None:
         shard(root)

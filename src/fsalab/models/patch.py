@@ -130,6 +130,7 @@ class NSAAttentionAdapter(nn.Module):
         selection_impl: str,
         compression_impl: str = "auto",
         window_impl: str = "auto",
+        gate_impl: str = "auto",
     ) -> None:
         super().__init__()
         config = hf_attn.config
@@ -144,7 +145,7 @@ class NSAAttentionAdapter(nn.Module):
         self.nsa = NativeSparseAttention(
             config.hidden_size, h, h_kv, self.head_dim, nsa_config, *self._rope,
             compression_impl=compression_impl, selection_impl=selection_impl, window_impl=window_impl,
-            device=weight.device, dtype=weight.dtype,
+            gate_impl=gate_impl, device=weight.device, dtype=weight.dtype,
         )
         q_proj, k_proj = hf_attn.q_proj, hf_attn.k_proj
         if hasattr(hf_attn, "q_norm"):  # Qwen3: RMSNorm per head on q and k, before RoPE
@@ -210,6 +211,7 @@ def patch_model(
     nsa_config: NSAConfig | None = None,
     compression_impl: str = "auto",
     window_impl: str = "auto",
+    gate_impl: str = "auto",
 ) -> nn.Module:
     """Swap every decoder layer's attention for NSA with selection ``impl`` (in place).
 
@@ -230,7 +232,7 @@ def patch_model(
         raise ValueError("RoPE variants with attention scaling (YaRN, LongRoPE) are not supported by the NSA adapter")
     cfg = nsa_config or NSAConfig()
     for layer in decoder_layers(model):
-        layer.self_attn = NSAAttentionAdapter(layer.self_attn, cfg, impl, compression_impl, window_impl)
+        layer.self_attn = NSAAttentionAdapter(layer.self_attn, cfg, impl, compression_impl, window_impl, gate_impl)
     return model
 
 

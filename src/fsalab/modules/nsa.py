@@ -25,7 +25,8 @@ class NativeSparseAttention(nn.Module):
 
     Each branch's op is chosen by name: ``compression_impl`` ("reference" | "triton" | "auto"),
     ``selection_impl`` (see ``fsalab.ops.selection``; None = "auto" on CUDA, "reference" on CPU),
-    ``window_impl`` ("reference" | "triton" | "flash_attn" | "auto").
+    ``window_impl`` ("reference" | "triton" | "flash_attn" | "auto"), ``gate_impl`` ("reference" |
+    "triton" | "auto"; the gated sum of the three branches).
     """
 
     def __init__(
@@ -41,6 +42,7 @@ class NativeSparseAttention(nn.Module):
         compression_impl: str = "auto",
         selection_impl: str | None = None,
         window_impl: str = "auto",
+        gate_impl: str = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -52,6 +54,7 @@ class NativeSparseAttention(nn.Module):
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim = head_dim or hidden_size // num_heads
         self.compression_impl, self.selection_impl, self.window_impl = compression_impl, selection_impl, window_impl
+        self.gate_impl = gate_impl
         d, l = self.head_dim, self.cfg.kernel_size
         factory = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(hidden_size, num_heads * d, bias=qkv_bias, **factory)
@@ -165,4 +168,4 @@ class NativeSparseAttention(nn.Module):
         o_slc, _ = selected_attention(q, k, v, block_idx, cu_seqlens, cfg.block_size, impl=selection)
         o_win, _ = window_op(self.window_impl, x.device)(q, k, v, cu_seqlens, cfg.window_size)
         gates = self.gate_proj(x).view(total, h, 3)
-        return gate_op(x.device)(o_cmp.to(q.dtype), o_slc.to(q.dtype), o_win.to(q.dtype), gates)
+        return gate_op(self.gate_impl, x.device)(o_cmp.to(q.dtype), o_slc.to(q.dtype), o_win.to(q.dtype), gates)

@@ -3,8 +3,7 @@
 - compression ops (compress_kv, compressed_attention, select_blocks): "reference" | "triton" | "auto"
 - selected attention: see ``fsalab.ops.selection`` ("reference" | "nsa" | "fsa" | "fsa_paper" | "auto")
 - sliding window: "reference" | "triton" | "flash_attn" | "auto"
-- gated sum of the three branches: the fused kernel (``fsalab.ops.gate``) on CUDA, the
-  reference elsewhere (``gate_op``)
+- gated sum of the three branches: "reference" | "triton" (the fused kernel, ``fsalab.ops.gate``) | "auto"
 
 "auto" picks the kernels on CUDA tensors and the reference elsewhere.
 """
@@ -22,6 +21,7 @@ patch_interpreter()
 
 COMPRESSION_IMPLS = ("reference", "triton", "auto")
 WINDOW_IMPLS = ("reference", "triton", "flash_attn", "auto")
+GATE_IMPLS = ("reference", "triton", "auto")
 
 
 def compression_ops(impl: str, device: torch.device) -> ModuleType:
@@ -51,9 +51,15 @@ def window_op(impl: str, device: torch.device):
     return op
 
 
-def gate_op(device: torch.device):
-    """NSA's gated sum (o_cmp, o_slc, o_win, gate_logits) -> o for tensors on ``device``."""
-    if device.type == "cuda":
+def gate_op(impl: str, device: torch.device):
+    """NSA's gated sum (o_cmp, o_slc, o_win, gate_logits) -> o for ``impl`` and tensors on ``device``.
+
+    "reference" is torch's elementwise ops in the inputs' dtype (what the module ran before the
+    fused kernel existed): the same sum rounded differently, which the convergence noise floor uses.
+    """
+    if impl not in GATE_IMPLS:
+        raise ValueError(f"gate impl must be one of {GATE_IMPLS}, got {impl!r}")
+    if impl == "triton" or (impl == "auto" and device.type == "cuda"):
         from .gate import gated_sum
     else:
         from .reference import gated_sum

@@ -2,26 +2,29 @@
 # A/B of ops/gate.py inside whole NSA attention: the kernel experiment's nsa_attention point
 # (fsa, g = 4, 4 KV heads, d 128, (64, 16), bf16) at 8K and 64K, fwd and fwd+bwd, timed with the
 # fused gated sum and with torch's (--option fused_gate=false), alternating A/B/B/A so drift
-# between processes cancels. Result files go to $OUT/ab/; prints a table last: median ms of each
-# variant (mean of its two runs) and the ratio torch / fused.
+# between processes cancels. Result files are packed into $OUT/ab.tgz (the device tool returns
+# at most 8 files); prints a table last: median ms of each variant (mean of its two runs) and the
+# ratio torch / fused.
 #   bash scripts/gpu/ab_fused_gate.sh
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-mkdir -p "$OUT/ab"
+ab=$(mktemp -d)
+mkdir -p "$OUT"
 run() {  # N direction variant repetition
   local opt=() tag=fused
   if [[ $3 == torch ]]; then opt=(--option fused_gate=false); tag=torch; fi
   python3 -m fsalab.cli bench-kernel --experiment kernel --op nsa_attention --impl fsa --g 4 --h-kv 4 \
     --d 128 --block-size 64 --topk 16 --dtype bfloat16 --N "$1" --direction "$2" "${opt[@]}" \
-    --out "$OUT/ab/N$1-${2/+/}-$tag-$4.json"
+    --out "$ab/N$1-${2/+/}-$tag-$4.json"
 }
 for n in 8192 65536; do
   for dir in fwd fwd+bwd; do
     run $n $dir fused 1; run $n $dir torch 1; run $n $dir torch 2; run $n $dir fused 2
   done
 done
-python3 - "$OUT/ab" <<'PY'
+tar -czf "$OUT/ab.tgz" -C "$ab" .
+python3 - "$ab" <<'PY'
 import json, pathlib, statistics, sys
 rows = {}
 for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):

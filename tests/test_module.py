@@ -88,7 +88,8 @@ def test_rope_rotates_pairs_and_keeps_norms():
 
 def test_gate_impl_reaches_the_gated_sum():
     """The module's gate_impl picks the gated sum: the fused kernel (under the interpreter here)
-    and torch's ops give the same output and input gradient; an unknown name fails on call."""
+    and torch's ops give the same output and input gradient; an unknown branch name fails at
+    construction."""
     x = torch.randn(60, 16)
     cu = cu_seqlens_of([45, 15])
     outs, grads = [], []
@@ -100,5 +101,6 @@ def test_gate_impl_reaches_the_gated_sum():
         grads.append(xi.grad)
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="gate impl"):
-        tiny_module(dtype=torch.float32, gate_impl="fused")(x, cu)
+    for bad in ({"gate_impl": "fused"}, {"window_impl": "flash"}, {"compression_impl": "cuda"}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be one of"):
+            tiny_module(dtype=torch.float32, **bad)

@@ -10,7 +10,15 @@ from torch import nn
 
 from ..checks import check_cu_seqlens, check_tensor
 from ..config import NSAConfig
-from ..ops import compression_ops, gate_op, selection_default, window_op
+from ..ops import (
+    COMPRESSION_IMPLS,
+    GATE_IMPLS,
+    WINDOW_IMPLS,
+    compression_ops,
+    gate_op,
+    selection_default,
+    window_op,
+)
 from ..ops.selection import selected_attention
 from ..varlen import compressed_index, local_positions, sequence_ids
 from .rope import apply_rope, rope_inv_freq
@@ -49,6 +57,10 @@ class NativeSparseAttention(nn.Module):
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        for name, value, known in (("compression_impl", compression_impl, COMPRESSION_IMPLS),
+                                   ("window_impl", window_impl, WINDOW_IMPLS), ("gate_impl", gate_impl, GATE_IMPLS)):
+            if value not in known:  # fail at construction, not at the first forward
+                raise ValueError(f"{name} must be one of {known}, got {value!r}")
         self.cfg = config or NSAConfig()
         self.hidden_size = hidden_size
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads

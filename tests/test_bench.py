@@ -348,3 +348,21 @@ def test_convergence_gaps_set_fsa_nsa_beside_the_nsa_noise_floor():
     assert span32["acc_far_full"] == 1.0
     assert gaps.loc[1, "fsa_nsa_median_gap"] == pytest.approx(0.0) and gaps.loc[1, "fsa_nsa_first_step_over"] == 0
     assert math.isnan(gaps.loc[1, "nsa_nsa_median_gap"]) and math.isnan(gaps.loc[1, "acc_far_full"])
+
+
+def test_nsa_attention_gate_impl_option(device):
+    """The nsa_attention op's gate_impl (the module's name for the choice) picks the gated sum for
+    the A/B of the fused kernel: both give the same output, the row's sources say which ran, and
+    an unknown name is unsupported."""
+    from fsalab.bench import ops
+    from fsalab.testing import nsa_attention_calls
+
+    assert ops.bind("nsa_attention", "fsa").sources["gate"] == "triton"
+    assert ops.bind("nsa_attention", "reference").sources["gate"] == "reference"
+    assert ops.bind("nsa_attention", "fsa", {"gate_impl": "reference"}).sources["gate"] == "reference"
+    with pytest.raises(ops.Unsupported, match="gate_impl"):
+        ops.bind("nsa_attention", "fsa", {"gate_impl": "fused"})
+    fused, torch_ops = (nsa_attention_calls("fsa", 128, 1, 2, 16, 32, 4, device=device, options=o)[0]()
+                        for o in (None, {"gate_impl": "reference"}))
+    assert torch.equal(fused[1], torch_ops[1])  # same blocks selected
+    torch.testing.assert_close(fused[0], torch_ops[0], atol=2e-3, rtol=2e-3)  # fp16, rounded once vs per op

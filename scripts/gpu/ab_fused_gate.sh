@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B of ops/gate.py inside whole NSA attention: the kernel experiment's nsa_attention point
 # (fsa, g = 4, 4 KV heads, d 128, (64, 16), bf16) at 8K and 64K, fwd and fwd+bwd, timed with the
-# fused gated sum and with torch's (--option fused_gate=false), alternating A/B/B/A so drift
+# fused gated sum and with torch's (--option gate_impl=reference), alternating A/B/B/A so drift
 # between processes cancels. Result files are packed into $OUT/ab.tgz (the device tool returns
 # at most 8 files); prints a table last: median ms of each variant (mean of its two runs) and the
 # ratio torch / fused.
@@ -13,7 +13,7 @@ ab=$(mktemp -d)
 mkdir -p "$OUT"
 run() {  # N direction variant repetition
   local opt=() tag=fused
-  if [[ $3 == torch ]]; then opt=(--option fused_gate=false); tag=torch; fi
+  if [[ $3 == torch ]]; then opt=(--option gate_impl=reference); tag=torch; fi
   python3 -m fsalab.cli bench-kernel --experiment kernel --op nsa_attention --impl fsa --g 4 --h-kv 4 \
     --d 128 --block-size 64 --topk 16 --dtype bfloat16 --N "$1" --direction "$2" "${opt[@]}" \
     --out "$ab/N$1-${2/+/}-$tag-$4.json"

@@ -265,17 +265,17 @@ def check_selection(block_idx: torch.Tensor, expected: torch.Tensor, scores: tor
 
 
 def nsa_attention_calls(impl: str, length: int, h_kv: int, g: int, d: int, block_size: int, topk: int,
-                        device: torch.device | str = "cpu"):
+                        device: torch.device | str = "cpu", options: dict | None = None):
     """(fwd, bwd) of whole NSA attention (compression, compressed attention, block selection,
-    selected and window attention, gates) as the kernel benchmark's ``nsa_attention`` op runs it,
-    on one random sequence; compression windows of ``block_size`` tokens with stride
-    ``block_size / 2`` and a window of ``4 x block_size``."""
+    selected and window attention, gates) as the kernel benchmark's ``nsa_attention`` op runs it
+    with ``options``, on one random sequence; compression windows of ``block_size`` tokens with
+    stride ``block_size / 2`` and a window of ``4 x block_size``."""
     from .bench import inputs, ops
 
     p = {"op": "nsa_attention", "N": length, "batch": 1, "h_kv": h_kv, "g": g, "d": d, "block_size": block_size,
          "topk": topk, "kernel_size": block_size, "kernel_stride": block_size // 2, "window_size": 4 * block_size,
          "init_blocks": 1, "local_blocks": 2, "dtype": "float16", "seed": 0}
-    bound = ops.bind("nsa_attention", impl)
+    bound = ops.bind("nsa_attention", impl, options)
     x = inputs.make_inputs(p, torch.device(device), bound.need_indices)
 
     def fwd():

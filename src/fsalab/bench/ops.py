@@ -185,10 +185,13 @@ def _bind_full(impl: str, options: dict) -> BoundOp:
 
 
 def _bind_nsa(impl: str, options: dict) -> BoundOp:
-    # fused_gate=False times the torch gated sum instead of ops.gate's kernel (the A/B of that kernel).
+    # gate_impl, as in the module: "triton" (ops.gate's fused kernel, the kernel impls' default) or
+    # "reference" (torch's ops, the reference impl's default); the A/B of that kernel.
     options = dict(options)
-    fused_gate = options.pop("fused_gate", True) and impl != "reference"
-    gated_sum = _import("fsalab.ops.gate", "gated_sum") if fused_gate else reference.gated_sum
+    gate = options.pop("gate_impl", "reference" if impl == "reference" else "triton")
+    if gate not in ("reference", "triton"):
+        raise Unsupported(f"nsa_attention's gate_impl must be 'reference' or 'triton', got {gate!r}")
+    gated_sum = _import("fsalab.ops.gate", "gated_sum") if gate == "triton" else reference.gated_sum
     if impl == "reference":
         mod, win, sel = reference, _window_fn("reference"), _selected_fn("reference", {})
     else:
@@ -205,7 +208,7 @@ def _bind_nsa(impl: str, options: dict) -> BoundOp:
 
     sources = {"selected": impl, "compression": "reference" if impl == "reference" else "triton",
                "window": "reference" if impl == "reference" else "auto",
-               "gate": "triton" if fused_gate else "reference"}
+               "gate": gate}
     # need_indices: the op selects its own blocks; the input-time selection only counts the
     # attended keys of its useful FLOPs (same compression path, same inputs).
     return BoundOp("nsa_attention", impl, fn, _ref_nsa, True, sources)

@@ -378,70 +378,36 @@ def compress_kv(
 # select_blocks kernel
 # ----------------------------------------------------------------------------------------------
 
-SELECT_MERGE = os.environ.get("FSALAB_SELECT_MERGE", "insert")
-_SELECT_CONFIGS = [_cfg(4, 2, BLOCK_M=64), _cfg(8, 2, BLOCK_M=128), _cfg(8, 2, BLOCK_M=256)]
-_KEY_NONE = tl.constexpr(-(2**62))  # below every candidate and every empty slot: never inserted
+_SELECT_CONFIGS = [_cfg(4, 2, BLOCK_M=64), _cfg(8, 2, BLOCK_M=128)]
+_KEY_NONE = tl.constexpr(-(2**62))  # below every candidate and every empty slot: never kept
 
 
 @triton.jit
-def _merge_topk(run, cand):
-    """Insert candidate keys [rows, BB] into the running top list [rows, T_P] (unique int64 keys).
-
-    One insertion per row and step while any row has a candidate above its minimum; the minimum
-    of a row is its T-th best (empty slots hold small negative keys, unused columns the int64 max).
-    """
-    thr = tl.min(run, axis=1)
-    best = tl.max(cand, axis=1)
-    while tl.max((best > thr).to(tl.int32), axis=0) > 0:
-        run = tl.where((best > thr)[:, None] & (run == thr[:, None]), best[:, None], run)
-        cand = tl.where(cand == best[:, None], _KEY_NONE, cand)
-        thr = tl.min(run, axis=1)
-        best = tl.max(cand, axis=1)
-    return run
-
-
-@triton.jit
-def _merge_topk_sorted(run, cand, ROWS: tl.constexpr, T_P: tl.constexpr, LOG_T_P: tl.constexpr, BB: tl.constexpr, MERGE_NET: tl.constexpr):
+def _merge_topk(run, cand, ROWS: tl.constexpr, T_P: tl.constexpr, BB: tl.constexpr):
     """The T_P largest of run [ROWS, T_P] (ascending) and candidate keys [ROWS, BB], ascending.
 
-    Branch-free: the candidates sorted descending, cut to their top T_P, meet the ascending run
-    element-wise; the larger of each pair form a bitonic row holding the top T_P, sorted again.
+    Branch-free, so a tile costs the same whatever its scores: the candidates sorted descending
+    and cut to their top T_P meet the ascending run element-wise; the larger of each pair form a
+    bitonic row that holds the top T_P, sorted once more. (A data-dependent insertion loop was
+    1.5-1.8x slower on the H200, a hand-written bitonic merge for the second sort 1.3-1.9x:
+    docs/perf-log.md.)
     """
     top = tl.sort(cand, descending=True)
     if BB > T_P:  # a descending row's first T_P dominate every later group of T_P element-wise
         top = tl.max(tl.reshape(top, (ROWS, BB // T_P, T_P)), axis=1)
-    if MERGE_NET:
-        return _bitonic_to_ascending(tl.maximum(run, top), ROWS, T_P, LOG_T_P)
     return tl.sort(tl.maximum(run, top))
 
 
-@triton.jit
-def _bitonic_to_ascending(x, ROWS: tl.constexpr, N: tl.constexpr, LOG_N: tl.constexpr):
-    """Sort each bitonic row of x [ROWS, N = 2**LOG_N] ascending: LOG_N half-cleaner stages."""
-    for stage in tl.static_range(LOG_N):
-        x = _half_clean(x, ROWS, N, N >> (stage + 1))
-    return x
-
-
-@triton.jit
-def _half_clean(x, ROWS: tl.constexpr, N: tl.constexpr, SPAN: tl.constexpr):
-    """Compare-exchange x[i] with x[i + SPAN] inside every group of 2 * SPAN: min first."""
-    y = tl.reshape(x, (ROWS, N // (2 * SPAN), 2, SPAN))
-    lo = tl.min(y, axis=2)
-    hi = tl.max(y, axis=2)
-    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), (ROWS, N))
-
-
-@_autotune(_SELECT_CONFIGS, key=["G_P", "HEAD_DIM", "BS", "TOPK", "MERGE"])
+@_autotune(_SELECT_CONFIGS, key=["G_P", "HEAD_DIM", "BS", "TOPK"])
 @triton.jit
 def _select_kernel(
     q_ptr, kc_ptr, lse_ptr, cu_ptr, cuc_ptr, out_ptr,
     batch, steps, qk_scale,
     s_qt, s_qh, s_kt, s_kh, s_lt, s_lh, s_ot, s_oh,
     G: tl.constexpr, G_P: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    L: tl.constexpr, S: tl.constexpr, BS: tl.constexpr, TOPK: tl.constexpr, T_P: tl.constexpr, LOG_T_P: tl.constexpr,
+    L: tl.constexpr, S: tl.constexpr, BS: tl.constexpr, TOPK: tl.constexpr, T_P: tl.constexpr,
     BB: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr, DOT_PREC: tl.constexpr,
-    MERGE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     R: tl.constexpr = BS // S  # compressed tokens starting in one block
     MP: tl.constexpr = L // S  # blocks of s tokens in one window
@@ -485,15 +451,9 @@ def _select_kernel(
     bb = tl.arange(0, BB)
     prev = tl.maximum(bb - 1, 0)[None, :] + tl.zeros([BLOCK_T, BB], dtype=tl.int32)
     col = tl.arange(0, T_P)
-    if MERGE == "insert":
-        # Empty slots: distinct negative keys; columns >= TOPK: int64 max, never the minimum.
-        unused = tl.full([BLOCK_T, T_P], 9223372036854775807, dtype=tl.int64)
-        run = tl.where(col[None, :] < TOPK, (-2 - col[None, :]).to(tl.int64), unused)
-        top_col = col < TOPK
-    else:
-        # Ascending run of T_P distinct negative keys; its last TOPK columns are the top TOPK.
-        run = (col[None, :] - 2 - T_P).to(tl.int64) + tl.zeros([BLOCK_T, T_P], dtype=tl.int64)
-        top_col = col >= T_P - TOPK
+    # Ascending run of T_P distinct negative keys (empty slots); its last TOPK columns are the top TOPK.
+    run = (col[None, :] - 2 - T_P).to(tl.int64) + tl.zeros([BLOCK_T, T_P], dtype=tl.int64)
+    top_col = col >= T_P - TOPK
 
     last_own = (tl.minimum(t0 + BLOCK_T, n) - 1) // BS
     n_chunks = tl.where(t0 < n, last_own // BB + 1, 0)
@@ -517,14 +477,7 @@ def _select_kernel(
         # Scores are >= +0 (sums of exp and +0), so their fp32 bits order like the values.
         key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (0x7FFFFFFF - blk).to(tl.int64)
         key = tl.where(t_ok[:, None] & (blk <= own[:, None]), key, _KEY_NONE)
-        if MERGE == "insert":
-            run = _merge_topk(run, key)
-        elif MERGE == "sort":
-            run = _merge_topk_sorted(run, key, BLOCK_T, T_P, LOG_T_P, BB, False)
-        elif MERGE == "bitonic":
-            run = _merge_topk_sorted(run, key, BLOCK_T, T_P, LOG_T_P, BB, True)
-        else:  # "none": the score half alone, for timing (BB == T_P)
-            run = tl.maximum(run, key)
+        run = _merge_topk(run, key, BLOCK_T, T_P, BB)
 
     # Ascending output: a chosen block goes to slot (number of chosen blocks below it); -1 after.
     chosen = top_col[None, :] & (run >= 0)
@@ -587,8 +540,8 @@ def select_blocks(
         q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), lse_cmp.stride(0), lse_cmp.stride(1),
         out.stride(0), out.stride(1),
         G=g, G_P=g_pad, HEAD_DIM=d, D_PAD=max(16, _next_pow2(d)), L=cfg.kernel_size, S=cfg.kernel_stride,
-        BS=cfg.block_size, TOPK=cfg.topk, T_P=t_pad, LOG_T_P=t_pad.bit_length() - 1, BB=max(t_pad, triton.cdiv(16, r)),
-        INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, DOT_PREC=_dot_precision(q.dtype), MERGE=SELECT_MERGE,
+        BS=cfg.block_size, TOPK=cfg.topk, T_P=t_pad, BB=max(t_pad, triton.cdiv(16, r)),
+        INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, DOT_PREC=_dot_precision(q.dtype),
         **_meta(BLOCK_M=16 * g_pad),
     )
     return out

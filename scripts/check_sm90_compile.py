@@ -1,0 +1,186 @@
+"""Compile every Triton kernel fsalab launches for the H200 (sm_90), on a machine without a GPU.
+
+The Triton interpreter runs the kernels' Python, not the GPU front end: a kernel can pass every
+CPU test and still fail to compile for the GPU (a constexpr reassigned inside a static loop,
+a shape the layout pass rejects). This check closes that gap without a device:
+
+1. record: under TRITON_INTERPRET=1, run NativeSparseAttention forward and backward (fp16, every
+   selected-attention impl of ours, g = 4 and 5, the triton compression/window/gate branches)
+   and record each kernel launch: its function, the types of its runtime arguments, its
+   constexprs;
+2. compile: in a fresh process without the interpreter, build each distinct launch with
+   ``triton.compile`` for target cuda:90 under every autotune config of that kernel (the
+   config's tiles replace the interpreter's), once as recorded and once with bf16 for fp16.
+
+Exit status 1 when any build fails; prints one line per kernel.
+
+    python scripts/check_sm90_compile.py [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+TARGET = ("cuda", 90, 32)
+_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int32": "i32", "int64": "i64",
+           "bool": "i1", "uint8": "u8", "int8": "i8", "int16": "i16", "float64": "fp64"}
+
+
+def _is_constexpr(annotation) -> bool:
+    return "constexpr" in (annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation)))
+
+
+def _arg_type(value) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return "*" + _DTYPES[str(value.dtype).removeprefix("torch.")]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"unrecorded argument type {type(value).__name__}")
+
+
+def record() -> list[dict]:
+    """Launches of the module's forward and backward under the interpreter, deduplicated."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from fsalab.config import NSAConfig
+    from fsalab.models.patch import SELECTION_IMPLS
+    from fsalab.modules import NativeSparseAttention
+    from fsalab.testing import cu_seqlens_of
+
+    seen: dict[str, dict] = {}
+    run = InterpretedFunction.run
+
+    def recording_run(self, *args, grid, warmup, **kwargs):
+        params = inspect.signature(self.fn).parameters
+        bound = dict(zip(self.arg_names, args)) | {k: v for k, v in kwargs.items() if k in params}
+        sig, const = {}, {}
+        for name, value in bound.items():
+            if _is_constexpr(params[name].annotation):
+                const[name] = value.value if hasattr(value, "value") else value
+            elif value is None:
+                const[name] = None
+            else:
+                sig[name] = _arg_type(value)
+        launch = {"module": self.fn.__module__, "name": self.fn.__name__, "signature": sig, "constexprs": const,
+                  "options": {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}}
+        seen.setdefault(json.dumps(launch, sort_keys=True, default=str), launch)
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = recording_run
+    try:
+        cfg = NSAConfig(topk=4, window_size=64)
+        lengths = [300, 70, 1]
+        for impl in (i for i in SELECTION_IMPLS if i not in ("auto", "reference")):
+            for heads in (8, 10):  # g = 4 and 5 over 2 KV heads
+                torch.manual_seed(0)
+                module = NativeSparseAttention(64 * heads, heads, 2, head_dim=64, config=cfg, selection_impl=impl,
+                                               compression_impl="triton", window_impl="triton", gate_impl="triton",
+                                               dtype=torch.float16)
+                x = torch.randn(sum(lengths), 64 * heads, dtype=torch.float16, requires_grad=True)
+                module(x, cu_seqlens_of(lengths)).float().square().mean().backward()
+    finally:
+        InterpretedFunction.run = run
+    return list(seen.values())
+
+
+def _kernel(module: str, name: str):
+    """The launchable object and the configs it would be built with on a GPU."""
+    obj = getattr(importlib.import_module(module), name)
+    configs = getattr(obj, "configs", None)
+    jit = obj
+    while not hasattr(jit, "arg_names") or hasattr(jit, "configs") or hasattr(jit, "values"):
+        jit = jit.fn
+    return jit, configs
+
+
+def _build(launch: dict) -> list[str]:
+    """Compile one recorded launch for sm_90 under each config; the error messages."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    jit, configs = _kernel(launch["module"], launch["name"])
+    errors = []
+    for cfg in configs or [None]:
+        const = dict(launch["constexprs"])
+        options = dict(launch["options"])
+        if cfg is not None:
+            const.update(cfg.kwargs)
+            options.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        names = jit.arg_names
+        sig = {n: launch["signature"].get(n, "constexpr") for n in names}
+        src = ASTSource(fn=jit, signature=sig, constexprs={(names.index(k),): v for k, v in const.items() if k in names})
+        try:
+            triton.compile(src, target=GPUTarget(*TARGET), options=options)
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, none is fatal here
+            root = exc
+            while root.__cause__ is not None:  # the front end wraps the real error once per call level
+                root = root.__cause__
+            where = {k: const[k] for k in ("G", "G_P", "HEAD_DIM", "BLOCK_M", "BLOCK_N") if k in const}
+            errors.append(f"{launch['name']} {where} warps {options.get('num_warps')}: {type(root).__name__}: "
+                          f"{(str(root).strip().splitlines() or [''])[-1][:300]}")
+    return errors
+
+
+def _with_bf16(launch: dict) -> dict | None:
+    if not any(t == "*fp16" for t in launch["signature"].values()):
+        return None
+    swapped = {k: ("*bf16" if t == "*fp16" else t) for k, t in launch["signature"].items()}
+    return launch | {"signature": swapped}
+
+
+def compile_all(launches: list[dict], jobs: int) -> int:
+    builds = [b for launch in launches for b in (launch, _with_bf16(launch)) if b is not None]
+    failures = 0
+    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+        results = list(pool.map(_build, builds))
+    per_kernel: dict[str, list[int]] = {}
+    for build, errors in zip(builds, results):
+        counts = per_kernel.setdefault(f"{build['module']}.{build['name']}", [0, 0])
+        counts[0] += 1
+        counts[1] += bool(errors)
+        for err in errors:
+            failures += 1
+            print(f"[FAIL] {err}", flush=True)
+    for kernel, (n, bad) in sorted(per_kernel.items()):
+        print(f"{'ok  ' if not bad else 'FAIL'} {kernel}: {n - bad}/{n} launches compiled for sm_{TARGET[1]}")
+    return failures
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--compile-from", help=argparse.SUPPRESS)  # internal: the second process
+    args = ap.parse_args(argv)
+    if args.compile_from:
+        with open(args.compile_from) as fh:
+            return 1 if compile_all(json.load(fh), args.jobs) else 0
+    launches = record()
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fsalab-sm90-launches-{os.getpid()}.json")
+    with open(path, "w") as fh:
+        json.dump(launches, fh, default=str)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    print(f"{len(launches)} distinct launches recorded; compiling for sm_{TARGET[1]}", flush=True)
+    try:
+        return subprocess.call([sys.executable, __file__, "--jobs", str(args.jobs), "--compile-from", path], env=env)
+    finally:
+        os.remove(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

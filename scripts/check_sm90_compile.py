@@ -12,7 +12,8 @@ a shape the layout pass rejects). This check closes that gap without a device:
    ``triton.compile`` for target cuda:90 under every autotune config of that kernel (the
    config's tiles replace the interpreter's), once as recorded and once with bf16 for fp16.
 
-Exit status 1 when any build fails; prints one line per kernel.
+Not reached at these sizes: nsa's dk/dv segment merge (``_bwd_dkdv_merge_kernel``, for CSR
+rows longer than 1024 entries). Exit status 1 when any build fails; prints one line per kernel.
 
     python scripts/check_sm90_compile.py [--jobs 2]
 """

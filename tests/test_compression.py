@@ -16,7 +16,7 @@ import torch
 
 from fsalab.config import NSAConfig
 from fsalab.ops import reference
-from fsalab.ops.compression import compress_kv, select_blocks
+from fsalab.ops.compression import compress_kv, compressed_offsets, select_blocks
 from fsalab.testing import assert_close, check_selection, cu_seqlens_of
 from fsalab.varlen import compressed_cu_seqlens
 
@@ -91,6 +91,17 @@ def test_compress_kv_matches_reference(dtype, d, ls, w_dtype, gen, seed):
         assert_close(a, b, c, dtype=dtype, name=name)
 
 
+@pytest.mark.parametrize("ls", [(32, 16), (16, 8), (32, 32)])
+def test_compressed_offsets_match_varlen(ls, gen):
+    """The one-launch offsets kernel against varlen's torch formulation: sequences shorter than,
+    equal to and just over kernel_size, empty ones, a single token, and more sequences than
+    one step of the kernel's scan."""
+    many = torch.randint(0, 3 * ls[0], (600,), generator=gen).tolist()
+    for lengths in ([1], [0, 0, 5], [ls[0] - 1, ls[0], ls[0] + 1, ls[0] + ls[1], 3 * ls[0] + 7], many):
+        cu = cu_seqlens_of(lengths)
+        assert torch.equal(compressed_offsets(cu, *ls), compressed_cu_seqlens(cu, *ls)), lengths[:8]
+
+
 def test_compress_kv_without_any_window(gen):
     cfg = DEFAULT
     *params, cu = compress_inputs([1, 5, cfg.kernel_size - 1], 2, 64, cfg, torch.float32, gen)
@@ -107,6 +118,25 @@ def test_compress_kv_single_token(gen):
     assert k_cmp.shape == (0, 1, 64) and cu_cmp.tolist() == [0, 0]
     dk, _, dw_k, _, dpe = grads((k_cmp, v_cmp), params, [torch.ones_like(k_cmp), torch.ones_like(v_cmp)])
     assert (dk == 0).all() and (dw_k == 0).all() and (dpe == 0).all()
+
+
+def test_compress_kv_backward_writes_every_element(gen, monkeypatch):
+    """Buffers allocated uninitialised (gradients, compressed offsets) are written in full:
+    results are unchanged when every fresh ``torch.empty_like`` is poisoned (NaN, or -7 for
+    integers)."""
+    *params, cu = compress_inputs([100, 5, 77], 2, 64, DEFAULT, torch.float32, gen)
+    outs = compress_kv(*params, cu, DEFAULT)[:2]
+    upstream = [torch.randn(outs[0].shape, generator=gen), torch.randn(outs[1].shape, generator=gen)]
+    clean = grads(outs, params, upstream)
+    empty_like = torch.empty_like
+    def poisoned(t, **kw):
+        out = empty_like(t, **kw)
+        return out.fill_(float("nan") if out.dtype.is_floating_point else -7)
+
+    monkeypatch.setattr(torch, "empty_like", poisoned)
+    outs = compress_kv(*params, cu, DEFAULT)[:2]
+    for a, b in zip(clean, grads(outs, params, upstream)):
+        assert torch.equal(a, b)
 
 
 def test_compress_kv_backward_is_deterministic(gen):

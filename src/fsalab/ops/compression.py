@@ -46,7 +46,7 @@ from ..checks import (
     check_tensor,
 )
 from ..config import NSAConfig
-from ..varlen import compressed_capacity, compressed_cu_seqlens
+from ..varlen import compressed_capacity
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
@@ -101,6 +101,30 @@ def _window_rows(r, cu_ptr, cuc_ptr, batch, steps, S: tl.constexpr):
     start = tl.load(cu_ptr + seq) + j * S
     last = valid & (r == tl.load(cuc_ptr + seq + 1) - 1)
     return valid, j, start, last
+
+
+_CU_BLOCK = 256  # sequences per step of the offsets kernel's scan
+
+
+@triton.jit
+def _cu_cmp_kernel(cu_ptr, out_ptr, batch, L: tl.constexpr, S: tl.constexpr, BLOCK: tl.constexpr):
+    """out [batch + 1]: exclusive prefix sum of each sequence's compressed tokens (one program)."""
+    carry = batch * 0
+    tl.store(out_ptr, carry)
+    for start in range(0, batch, BLOCK):
+        b = start + tl.arange(0, BLOCK)
+        ok = b < batch
+        n = tl.load(cu_ptr + b + 1, mask=ok, other=0) - tl.load(cu_ptr + b, mask=ok, other=0)
+        n_cmp = tl.where(n >= L, (n - L) // S + 1, 0)
+        tl.store(out_ptr + b + 1, carry + tl.cumsum(n_cmp, axis=0), mask=ok)
+        carry += tl.sum(n_cmp, axis=0)
+
+
+def compressed_offsets(cu_seqlens: torch.Tensor, kernel_size: int, kernel_stride: int) -> torch.Tensor:
+    """``varlen.compressed_cu_seqlens`` in one launch instead of a dozen torch ops: int32 [batch + 1]."""
+    out = torch.empty_like(cu_seqlens)
+    _cu_cmp_kernel[(1,)](cu_seqlens, out, cu_seqlens.numel() - 1, L=kernel_size, S=kernel_stride, BLOCK=_CU_BLOCK)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -299,8 +323,9 @@ class _CompressKV(torch.autograd.Function):
         # Tokens no window covers keep a zero gradient; the kernel writes every covered one once.
         dk = torch.zeros_like(k, memory_format=torch.contiguous_format) if need_x else None
         dv = torch.zeros_like(v, memory_format=torch.contiguous_format) if need_x else None
-        dw_k = torch.zeros_like(w_k) if need_w else None
-        dw_v = torch.zeros_like(w_v) if need_w else None
+        new_dw = torch.empty_like if rows else torch.zeros_like  # the dw kernel writes every element
+        dw_k = new_dw(w_k) if need_w else None
+        dw_v = new_dw(w_v) if need_w else None
         tiles = _tiles(d, cfg, k.dtype, rows)
         if need_x and rows:
             grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]), 2 * h_kv, triton.cdiv(cfg.kernel_stride * d, meta["BLOCK_Y"]))
@@ -367,7 +392,7 @@ def compress_kv(
     if w_v.dtype != w_k.dtype:
         raise TypeError(f"w_k and w_v must share one dtype, got {w_k.dtype} and {w_v.dtype}")
     check_cu_seqlens(cu_seqlens, total, k.device)
-    cu_cmp = compressed_cu_seqlens(cu_seqlens, l, cfg.kernel_stride)
+    cu_cmp = compressed_offsets(cu_seqlens, l, cfg.kernel_stride)
     k, v = _unit_last_stride(k), _unit_last_stride(v)
     w_k, w_v, pe = w_k.contiguous(), w_v.contiguous(), pe.contiguous()
     k_cmp, v_cmp = _CompressKV.apply(k, v, w_k, w_v, pe, cu_seqlens, cu_cmp, cfg)

@@ -54,7 +54,9 @@ def test_reference_matches_dense_masks(g, d, cfg, gen, seed):
         rtol = 2 * math.sqrt(cfg.kernel_size * d) * 2.0**-24
         torch.testing.assert_close(k_cmp[cu_c[i] : cu_c[i + 1]], dense["k_cmp"], atol=1e-5, rtol=rtol)
         assert torch.equal(block_idx[a:b], dense["block_idx"]), f"sequence {i}: block selection differs"
-        torch.testing.assert_close(o[a:b], dense["o"], atol=1e-5, rtol=0)
+        # The compressed keys' summation-order error reaches o through the compressed scores
+        # (rtol=0 failed at |o| ≈ 2.5 by 4e-6 relative, seed 98790411, g 16, d 96).
+        torch.testing.assert_close(o[a:b], dense["o"], atol=1e-5, rtol=rtol)
 
 
 def test_branches_match_dense_masks(gen, seed):

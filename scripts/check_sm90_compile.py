@@ -33,45 +33,26 @@ import sys
 
 TARGET = ("cuda", 90, 32)
 SHARED_LIMIT = 232448  # bytes of shared memory one block may opt into on the H100/H200
-_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int32": "i32", "int64": "i64",
-           "bool": "i1", "uint8": "u8", "int8": "i8", "int16": "i16", "float64": "fp64"}
-
-
 def _is_constexpr(annotation) -> bool:
     return "constexpr" in (annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation)))
-
-
-def _arg_type(value) -> str:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return "*" + _DTYPES[str(value.dtype).removeprefix("torch.")]
-    if isinstance(value, bool):
-        return "i1"
-    if isinstance(value, int):
-        return "i32" if -(2**31) <= value < 2**31 else "i64"
-    if isinstance(value, float):
-        return "fp32"
-    raise TypeError(f"unrecorded argument type {type(value).__name__}")
 
 
 def record() -> list[dict]:
     """Launches of the module's forward and backward under the interpreter, deduplicated."""
     os.environ["TRITON_INTERPRET"] = "1"
     import torch
-    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import mangle_type
 
     from fsalab.config import NSAConfig
     from fsalab.models.patch import SELECTION_IMPLS
     from fsalab.modules import NativeSparseAttention
-    from fsalab.testing import cu_seqlens_of
+    from fsalab.testing import LaunchCounter, cu_seqlens_of
 
     seen: dict[str, dict] = {}
-    run = InterpretedFunction.run
 
-    def recording_run(self, *args, grid, warmup, **kwargs):
-        params = inspect.signature(self.fn).parameters
-        bound = dict(zip(self.arg_names, args)) | {k: v for k, v in kwargs.items() if k in params}
+    def record_launch(kernel, args, kwargs):
+        params = inspect.signature(kernel.fn).parameters
+        bound = dict(zip(kernel.arg_names, args)) | {k: v for k, v in kwargs.items() if k in params}
         sig, const = {}, {}
         for name, value in bound.items():
             if _is_constexpr(params[name].annotation):
@@ -79,14 +60,12 @@ def record() -> list[dict]:
             elif value is None:
                 const[name] = None
             else:
-                sig[name] = _arg_type(value)
-        launch = {"module": self.fn.__module__, "name": self.fn.__name__, "signature": sig, "constexprs": const,
+                sig[name] = mangle_type(value)
+        launch = {"module": kernel.fn.__module__, "name": kernel.fn.__name__, "signature": sig, "constexprs": const,
                   "options": {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}}
         seen.setdefault(json.dumps(launch, sort_keys=True, default=str), launch)
-        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
-    InterpretedFunction.run = recording_run
-    try:
+    with LaunchCounter(on_triton_launch=record_launch):
         cfg = NSAConfig(topk=4, window_size=64)
         lengths = [130, 40, 1]
         ours = [i for i in SELECTION_IMPLS if i not in ("auto", "reference")]
@@ -101,8 +80,6 @@ def record() -> list[dict]:
                                            dtype=torch.float16)
             x = torch.randn(sum(lengths), d * heads, dtype=torch.float16, requires_grad=True)
             module(x, cu_seqlens_of(lengths)).float().square().mean().backward()
-    finally:
-        InterpretedFunction.run = run
     return list(seen.values())
 
 

@@ -17,7 +17,12 @@ import torch
 from fsalab.config import NSAConfig
 from fsalab.ops import reference
 from fsalab.ops.compression import compress_kv, compressed_offsets, select_blocks
-from fsalab.testing import assert_close, check_selection, cu_seqlens_of
+from fsalab.testing import (
+    assert_close,
+    check_selection,
+    cu_seqlens_of,
+    poisoned_allocations,
+)
 from fsalab.varlen import compressed_cu_seqlens
 
 DEFAULT = NSAConfig()
@@ -120,22 +125,17 @@ def test_compress_kv_single_token(gen):
     assert (dk == 0).all() and (dw_k == 0).all() and (dpe == 0).all()
 
 
-def test_compress_kv_backward_writes_every_element(gen, monkeypatch):
-    """Buffers allocated uninitialised (gradients, compressed offsets) are written in full:
-    results are unchanged when every fresh ``torch.empty_like`` is poisoned (NaN, or -7 for
-    integers)."""
+def test_compress_kv_backward_writes_every_element(gen):
+    """Gradient buffers allocated uninitialised are written in full: the gradients are unchanged
+    when every fresh floating-point allocation is NaN-poisoned."""
     *params, cu = compress_inputs([100, 5, 77], 2, 64, DEFAULT, torch.float32, gen)
     outs = compress_kv(*params, cu, DEFAULT)[:2]
     upstream = [torch.randn(outs[0].shape, generator=gen), torch.randn(outs[1].shape, generator=gen)]
     clean = grads(outs, params, upstream)
-    empty_like = torch.empty_like
-    def poisoned(t, **kw):
-        out = empty_like(t, **kw)
-        return out.fill_(float("nan") if out.dtype.is_floating_point else -7)
-
-    monkeypatch.setattr(torch, "empty_like", poisoned)
-    outs = compress_kv(*params, cu, DEFAULT)[:2]
-    for a, b in zip(clean, grads(outs, params, upstream)):
+    with poisoned_allocations():
+        outs = compress_kv(*params, cu, DEFAULT)[:2]
+        poisoned = grads(outs, params, upstream)
+    for a, b in zip(clean, poisoned):
         assert torch.equal(a, b)
 
 

@@ -86,9 +86,10 @@ class LaunchCounter(TorchDispatchMode):
     several kernels for it (torch.sort: a radix sort of a few passes).
     """
 
-    def __init__(self):
+    def __init__(self, on_triton_launch=None):
         super().__init__()
         self.counts: collections.Counter = collections.Counter()
+        self._on_triton_launch = on_triton_launch  # called with (kernel, args, kwargs) per counted launch
         self._inside_kernel = 0
         self._patched: list = []
 
@@ -116,6 +117,8 @@ class LaunchCounter(TorchDispatchMode):
             if kwargs.get("warmup") or self._inside_kernel:
                 return run(fn, *args, **kwargs)
             self.counts[f"triton:{fn.__name__}"] += 1
+            if self._on_triton_launch is not None:
+                self._on_triton_launch(fn, args, kwargs)
             self._inside_kernel += 1
             try:
                 return run(fn, *args, **kwargs)

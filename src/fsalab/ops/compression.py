@@ -18,15 +18,15 @@ padding-row mask, and keep the backward deterministic without atomics:
 
 ``select_blocks`` — top-T selection blocks per token and KV head (NSA Eq. 8–12). One program per
 (tile of one sequence's tokens, KV head): the tile's (token, head) rows are the MMA's M dimension
-(g padded to a power of two), the loop walks the visible compressed tokens in chunks of BB blocks,
-computes p = exp(q·k_cmp·scale - lse_cmp), sums the g heads in fp32, maps the chunk to block
-scores with the fixed overlap stencil (own block: weights min(l/s, B/s - i); the last l/s - 1
-tokens of a block also spill into the next block) and merges the chunk into a running top-T held
-in registers. Candidates are int64 keys (score bits << 32 | ~block), unique, so "larger key" is
-"larger score, then lower block" (the reference's stable tie rule). The merge inserts one
-candidate per row per step while any row has a candidate above its current T-th best: the number
-of steps adapts (T for the first chunk, ~1 once the running top-T is established). Nothing of
-size N x N/s or N x N/B is ever stored: memory is the [total, h_kv, T] output.
+(a power-of-two part of the g heads, and for g = 3, 5, 6, 9, ... a second product for the rest,
+so no row is padding where splitting saves rows), the loop walks the visible compressed tokens
+in chunks of BB blocks, computes p = exp(q·k_cmp·scale - lse_cmp), sums the g heads in fp32,
+maps the chunk to block scores with the fixed overlap stencil (own block: weights
+min(l/s, B/s - i); the last l/s - 1 tokens of a block also spill into the next block) and merges
+the chunk into a running top-T held in registers. Candidates are int64 keys (score bits << 32 |
+~block), unique, so "larger key" is "larger score, then lower block" (the reference's stable tie
+rule); the merge is branch-free (``_merge_topk``). Nothing of size N x N/s or N x N/B is ever
+stored: memory is the [total, h_kv, T] output.
 """
 
 from __future__ import annotations
@@ -403,12 +403,6 @@ def compress_kv(
 # select_blocks kernel
 # ----------------------------------------------------------------------------------------------
 
-def _select_rows(args) -> int:
-    """Token rows of the ranking tile: the tile's BLOCK_M // G tokens rounded up to a power of two
-    (>= 16, the smallest MMA dimension)."""
-    return max(16, _next_pow2(args["BLOCK_M"] // args["G"]))
-
-
 _SELECT_CONFIGS = [_cfg(4, 2, BLOCK_M=64), _cfg(8, 2, BLOCK_M=128)]
 _KEY_NONE = tl.constexpr(-(2**62))  # below every candidate and every empty slot: never kept
 
@@ -429,102 +423,130 @@ def _merge_topk(run, cand, ROWS: tl.constexpr, T_P: tl.constexpr, BB: tl.constex
     return tl.sort(tl.maximum(run, top))
 
 
-@_autotune(_SELECT_CONFIGS, key=["G", "HEAD_DIM", "BS", "TOPK"])
-@triton.heuristics({"TOK_P": _select_rows})
+@triton.jit
+def _select_rows(q_ptr, lse_ptr, start, n, t0, head0, n_heads, s_qt, s_qh, s_lt, s_lh, dd, d_ok,
+                 BLOCK_T: tl.constexpr, GP: tl.constexpr):
+    """q [BLOCK_T * GP, D_PAD], lse in log2 units and the live mask of heads head0 .. head0 + n_heads
+    of the tile's tokens, GP rows per token (rows past n_heads idle); dead rows see nothing."""
+    m = tl.arange(0, BLOCK_T * GP)
+    row_tok = t0 + m // GP
+    row_head = head0 + m % GP
+    row_ok = (row_tok < n) & (m % GP < n_heads)
+    tok = (start + row_tok).to(tl.int64)
+    q = tl.load(q_ptr + tok[:, None] * s_qt + row_head[:, None] * s_qh + dd[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    lse = tl.load(lse_ptr + tok * s_lt + row_head * s_lh, mask=row_ok, other=float("-inf")).to(tl.float32)
+    live = row_ok & (lse > float("-inf"))  # heads that see nothing contribute p = 0
+    return q, tl.where(live, lse * 1.4426950408889634, 0.0), live
+
+
+def _prune_select(configs, named_args, **kwargs):
+    """Configs whose tile leaves the second head part at least 16 rows (the smallest MMA)."""
+    g_hi, g_lo = kwargs["G_HI"], kwargs["G_LO_P"]
+    keep = [c for c in configs if g_lo == 0 or c.kwargs["BLOCK_M"] // g_hi * g_lo >= 16]
+    return keep or configs[-1:]
+
+
+def _head_parts(g: int) -> tuple[int, int]:
+    """(G_HI, G_LO_P): a group's g query heads as a power-of-two part and, for g not a power of
+    two, a second part of g - G_HI heads padded to a power of two (g = 5 -> 4 + 1, 6 -> 4 + 2).
+    One padded part when splitting saves no rows (g = 7 -> 8 + 0)."""
+    g_p = _next_pow2(g)
+    if g == g_p:
+        return g, 0
+    g_hi = g_p // 2
+    g_lo = _next_pow2(g - g_hi)
+    return (g_hi, g_lo) if g_hi + g_lo < g_p else (g_p, 0)
+
+
+def _select_autotune(fn):
+    if _INTERPRET:
+        return fn
+    return triton.autotune(_SELECT_CONFIGS, key=["G_HI", "G_LO_P", "HEAD_DIM", "BS", "TOPK"],
+                           prune_configs_by={"early_config_prune": _prune_select})(fn)
+
+
+@_select_autotune
 @triton.jit
 def _select_kernel(
     q_ptr, kc_ptr, lse_ptr, cu_ptr, cuc_ptr, out_ptr,
     batch, steps, qk_scale,
     s_qt, s_qh, s_kt, s_kh, s_lt, s_lh, s_ot, s_oh,
-    G: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    G: tl.constexpr, G_HI: tl.constexpr, G_LO_P: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     L: tl.constexpr, S: tl.constexpr, BS: tl.constexpr, TOPK: tl.constexpr, T_P: tl.constexpr,
-    BB: tl.constexpr, BBN: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr, DOT_PREC: tl.constexpr,
-    SUM_PREC: tl.constexpr,
-    BLOCK_M: tl.constexpr, TOK_P: tl.constexpr,
+    BB: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     R: tl.constexpr = BS // S  # compressed tokens starting in one block
     MP: tl.constexpr = L // S  # blocks of s tokens in one window
     BLOCK_C: tl.constexpr = BB * R
-    TOK: tl.constexpr = BLOCK_M // G  # tokens of one tile; their TOK * G (token, head) rows are packed
+    BLOCK_T: tl.constexpr = BLOCK_M // G_HI
     kvh = tl.program_id(1)
-    # Tiles never straddle sequences: sequence b owns tiles [b + cu[b] // TOK, b + 1 + cu[b+1] // TOK).
+    # Tiles never straddle sequences: sequence b owns tiles [b + cu[b] // BLOCK_T, b + 1 + cu[b+1] // BLOCK_T).
     pid = tl.program_id(0)
     lo = pid * 0
     for it in range(steps):
         cand = lo + (1 << (steps - 1 - it))
         ok = cand < batch
-        go = ok & (cand + tl.load(cu_ptr + cand, mask=ok, other=0) // TOK <= pid)
+        go = ok & (cand + tl.load(cu_ptr + cand, mask=ok, other=0) // BLOCK_T <= pid)
         lo = tl.where(go, cand, lo)
     start = tl.load(cu_ptr + lo)
     n = tl.load(cu_ptr + lo + 1) - start
-    t0 = (pid - lo - start // TOK) * TOK
+    t0 = (pid - lo - start // BLOCK_T) * BLOCK_T
     c_start = tl.load(cuc_ptr + lo)
     n_cmp = tl.load(cuc_ptr + lo + 1) - c_start
 
-    # (token, head) rows of the QK product, g heads of a token consecutive, no padding to a power
-    # of two: row m is head m % G of the tile's token m // G (rows from TOK * G on are idle).
-    m = tl.arange(0, BLOCK_M)
-    row_pos = t0 + m // G
-    row_head = kvh * G + m % G
-    row_ok = (row_pos < n) & (m < TOK * G)
-    row_vis = tl.where(row_pos >= L - 1, (row_pos - (L - 1)) // S + 1, 0)  # compressed tokens it sees
+    pos = t0 + tl.arange(0, BLOCK_T)
+    t_ok = pos < n
+    own = pos // BS
+    n_vis = tl.where(pos >= L - 1, (pos - (L - 1)) // S + 1, 0)
+    # (token, head) rows of the QK products: the first G_HI heads of a group as G_HI consecutive
+    # rows per token (padded when G_HI > g), the other g - G_HI heads (if any) likewise in a
+    # second, smaller product, so that g = 5 costs 5 rows per token instead of 8.
     dd = tl.arange(0, D_PAD)
     d_ok = dd < HEAD_DIM
-    tok = (start + row_pos).to(tl.int64)
-    q = tl.load(q_ptr + tok[:, None] * s_qt + row_head[:, None] * s_qh + dd[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    lse = tl.load(lse_ptr + tok * s_lt + row_head * s_lh, mask=row_ok, other=float("-inf")).to(tl.float32)
-    live = row_ok & (lse > float("-inf"))  # heads that see nothing contribute p = 0
-    lse2 = tl.where(live, lse * 1.4426950408889634, 0.0)
+    q, lse2, live = _select_rows(q_ptr, lse_ptr, start, n, t0, kvh * G, G, s_qt, s_qh, s_lt, s_lh, dd, d_ok,
+                                 BLOCK_T, G_HI)
+    if G_LO_P > 0:
+        q_lo, lse2_lo, live_lo = _select_rows(q_ptr, lse_ptr, start, n, t0, kvh * G + G_HI, G - G_HI, s_qt, s_qh,
+                                              s_lt, s_lh, dd, d_ok, BLOCK_T, G_LO_P)
 
-    # Block scores as two products that keep the scoring in the MMA units:
-    # y = p @ W maps each row's chunk of compressed tokens to the chunk's BB blocks (W holds the
-    # overlap weights: own block min(l/s, R - i), spill into the next block max(i + l/s - R, 0)
-    # for the i-th token of a block), and score = H @ y sums the g head rows of each token (H is
-    # 0/1). The last block's spill into the next chunk is carried per row. p is fp32 and the
-    # weights small integers: SUM_PREC (tf32x3 on the GPU) keeps fp32 accuracy.
-    jc = tl.arange(0, BLOCK_C)
-    i_in = jc % R
-    w_own = tl.minimum(MP, R - i_in).to(tl.float32)
-    w_spill = tl.maximum(i_in + MP - R, 0).to(tl.float32)
-    bb = tl.arange(0, BBN)  # the chunk's BB blocks, padded to BBN >= 16 columns for the MMA
-    jb = (jc // R)[:, None]
-    W = tl.where(jb == bb[None, :], w_own[:, None], tl.where(jb + 1 == bb[None, :], w_spill[:, None], 0.0))
-    w_carry = tl.where(jc // R == BB - 1, w_spill, 0.0)
-    tr = tl.arange(0, TOK_P)
-    H = ((m[None, :] // G == tr[:, None]) & (m[None, :] < TOK * G)).to(tl.float32)
-
-    pos = t0 + tr
-    t_ok = (tr < TOK) & (pos < n)
-    own = pos // BS
+    i = tl.arange(0, R)
+    w_own = tl.minimum(MP, R - i).to(tl.float32)  # cells of window bR+i inside block b
+    w_spill = tl.maximum(i + MP - R, 0).to(tl.float32)  # ... inside block b+1
+    bb = tl.arange(0, BB)
+    prev = tl.maximum(bb - 1, 0)[None, :] + tl.zeros([BLOCK_T, BB], dtype=tl.int32)
     col = tl.arange(0, T_P)
     # Ascending run of T_P distinct negative keys (empty slots); its last TOPK columns are the top TOPK.
-    run = (col[None, :] - 2 - T_P).to(tl.int64) + tl.zeros([TOK_P, T_P], dtype=tl.int64)
+    run = (col[None, :] - 2 - T_P).to(tl.int64) + tl.zeros([BLOCK_T, T_P], dtype=tl.int64)
     top_col = col >= T_P - TOPK
 
-    last_own = (tl.minimum(t0 + TOK, n) - 1) // BS
+    last_own = (tl.minimum(t0 + BLOCK_T, n) - 1) // BS
     n_chunks = tl.where(t0 < n, last_own // BB + 1, 0)
-    carry = tl.zeros([BLOCK_M], dtype=tl.float32)
+    carry = tl.zeros([BLOCK_T], dtype=tl.float32)
     for ch in range(n_chunks):
-        jj = ch * BLOCK_C + jc
+        jj = ch * BLOCK_C + tl.arange(0, BLOCK_C)
         kt = tl.load(kc_ptr + (c_start + jj).to(tl.int64)[None, :] * s_kt + kvh * s_kh + dd[:, None],
                      mask=(jj < n_cmp)[None, :] & d_ok[:, None], other=0.0)
         p = tl.exp2(tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale - lse2[:, None])
-        p = tl.where(live[:, None] & (jj[None, :] < row_vis[:, None]), p, 0.0)
-        y = tl.dot(p, W, input_precision=SUM_PREC)
-        y = tl.where(bb[None, :] == 0, y + carry[:, None], y)
-        carry = tl.sum(p * w_carry[None, :], axis=1)
-        if G == 1:
-            score = y  # one row per token already
-        else:
-            score = tl.dot(H, y, input_precision=SUM_PREC)
+        p = tl.where(live[:, None], p, 0.0)
+        ps = tl.sum(tl.reshape(p, (BLOCK_T, G_HI, BLOCK_C)), axis=1)
+        if G_LO_P > 0:
+            p_lo = tl.exp2(tl.dot(q_lo, kt, input_precision=DOT_PREC) * qk_scale - lse2_lo[:, None])
+            p_lo = tl.where(live_lo[:, None], p_lo, 0.0)
+            ps += tl.sum(tl.reshape(p_lo, (BLOCK_T, G_LO_P, BLOCK_C)), axis=1)
+        ps = tl.where(t_ok[:, None] & (jj[None, :] < n_vis[:, None]), ps, 0.0)
+        p3 = tl.reshape(ps, (BLOCK_T, BB, R))
+        own_part = tl.sum(p3 * w_own[None, None, :], axis=2)
+        spill = tl.sum(p3 * w_spill[None, None, :], axis=2)
+        score = own_part + tl.where(bb[None, :] == 0, carry[:, None], tl.gather(spill, prev, axis=1))
+        carry = tl.sum(tl.where(bb[None, :] == BB - 1, spill, 0.0), axis=1)
         blk = ch * BB + bb[None, :]
         forced = (blk < INIT) | (blk > own[:, None] - LOCAL)
-        # Scores are >= +0 (sums of exp and +0; the products' rounding keeps them >= 0), so their
-        # fp32 bits order like the values.
-        score = tl.where(forced, float("inf"), tl.maximum(score, 0.0))
+        score = tl.where(forced, float("inf"), score)
+        # Scores are >= +0 (sums of exp and +0), so their fp32 bits order like the values.
         key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (0x7FFFFFFF - blk).to(tl.int64)
-        key = tl.where(t_ok[:, None] & (blk <= own[:, None]) & (bb[None, :] < BB), key, _KEY_NONE)
-        run = _merge_topk(run, key, TOK_P, T_P, BBN)
+        key = tl.where(t_ok[:, None] & (blk <= own[:, None]), key, _KEY_NONE)
+        run = _merge_topk(run, key, BLOCK_T, T_P, BB)
 
     # Ascending output: a chosen block goes to slot (number of chosen blocks below it); -1 after.
     chosen = top_col[None, :] & (run >= 0)
@@ -534,7 +556,7 @@ def _select_kernel(
     out = out_ptr + (start + pos).to(tl.int64)[:, None] * s_ot + kvh * s_oh
     tl.store(out + rank, blocks, mask=t_ok[:, None] & chosen)
     pad = (col[None, :] >= n_chosen[:, None]) & (col[None, :] < TOPK)
-    tl.store(out + col[None, :], tl.full([TOK_P, T_P], -1, dtype=tl.int32), mask=t_ok[:, None] & pad)
+    tl.store(out + col[None, :], tl.full([BLOCK_T, T_P], -1, dtype=tl.int32), mask=t_ok[:, None] & pad)
 
 
 def select_blocks(
@@ -576,20 +598,20 @@ def select_blocks(
     q, k_cmp = _unit_last_stride(q), _unit_last_stride(k_cmp)
     if rows == 0:  # no compressed token at all: keep a valid pointer, every load is masked
         k_cmp = k_cmp.new_zeros((1, h_kv, d))
+    g_hi, g_lo = _head_parts(g)
     r = cfg.block_size // cfg.kernel_stride
     t_pad = max(2, _next_pow2(cfg.topk))
-    bb = max(t_pad, _next_pow2(triton.cdiv(16, r)))  # blocks per chunk: >= 16 compressed tokens
     batch = cu_seqlens.numel() - 1
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
-    grid = lambda meta: (batch + total // (meta["BLOCK_M"] // g), h_kv)
+    grid = lambda meta: (batch + total // (meta["BLOCK_M"] // g_hi), h_kv)
     _select_kernel[grid](
         q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, out, batch, _search_steps(batch), scale * _LOG2E,
         q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), lse_cmp.stride(0), lse_cmp.stride(1),
         out.stride(0), out.stride(1),
-        G=g, HEAD_DIM=d, D_PAD=max(16, _next_pow2(d)), L=cfg.kernel_size, S=cfg.kernel_stride,
-        BS=cfg.block_size, TOPK=cfg.topk, T_P=t_pad, BB=bb, BBN=max(16, bb),
+        G=g, G_HI=g_hi, G_LO_P=g_lo, HEAD_DIM=d, D_PAD=max(16, _next_pow2(d)), L=cfg.kernel_size, S=cfg.kernel_stride,
+        BS=cfg.block_size, TOPK=cfg.topk, T_P=t_pad, BB=max(t_pad, triton.cdiv(16, r)),
         INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, DOT_PREC=_dot_precision(q.dtype),
-        SUM_PREC="ieee" if q.dtype == torch.float32 else "tf32x3", **_meta(BLOCK_M=_next_pow2(max(16, 8 * g))),
+        **_meta(BLOCK_M=16 * g_hi),
     )
     return out
 

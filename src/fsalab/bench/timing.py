@@ -267,7 +267,7 @@ class CapturedGraph:
         self.replay = self.outputs = self.graph = None
 
 
-def capture_graph(fn: Callable[[], object], device: torch.device, warmup: int = 3) -> CapturedGraph:
+def capture_graph(fn: Callable[[], object], device: torch.device, warmup: int = 2) -> CapturedGraph:
     """Record ``fn`` into a ``torch.cuda.CUDAGraph``; never raises for ``fn``'s own failures.
 
     ``fn`` must be replayable: fixed shapes, inputs that stay at their addresses (the graph

@@ -5,7 +5,8 @@
 # continues where it stopped (--skip-existing).
 #   bash scripts/gpu/run_grid.sh EXPERIMENT FILTER BUDGET_SECONDS [EXTRA RUNNER FLAGS...]
 # The runner follows the experiment: train, prefill and convergence have their own, dram runs
-# under Nsight Compute (fsalab bench-dram), every other experiment is kernel-level timing
+# under Nsight Compute (fsalab bench-dram), versus times groups side by side (fsalab
+# bench-versus; the filter picks groups), every other experiment is kernel-level timing
 # (fsalab bench-kernel).
 set -uo pipefail
 exp=$1 filter=$2 budget=$3
@@ -13,6 +14,7 @@ shift 3
 case $exp in
   train|prefill|convergence) runner=bench-$exp ;;
   dram) runner=bench-dram ;;
+  versus) runner=bench-versus ;;
   *) runner=bench-kernel ;;
 esac
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"

@@ -6,6 +6,7 @@
     fsalab bench-kernel --experiment kernel --op selected --impl fsa --N 65536 --g 4 ...
     fsalab bench-kernel --experiment kernel --all [--skip-existing]   the whole grid, in-process
     fsalab bench-dram --experiment dram --all                     DRAM bytes under Nsight Compute
+    fsalab bench-versus --experiment versus --all [--filter N65536]  NSA vs cuDNN, interleaved
     fsalab bench-train|bench-prefill|bench-convergence ...   end-to-end runners (fsalab.bench.*)
     fsalab theory --experiment theory --out results/<platform>/theory.csv
     fsalab aggregate --experiment kernel [--platform h200]        -> results/<platform>/kernel.csv
@@ -95,7 +96,8 @@ def _point_from_args(args, exp: dict) -> dict | None:
 
 
 # Point runners of kernel-level experiments: command -> experiment runner (module fsalab.bench.<runner>).
-POINT_RUNNERS = {"bench-kernel": "kernel", "bench-dram": "dram"}
+# A runner module with its own run_points (versus: groups of points timed together) uses it.
+POINT_RUNNERS = {"bench-kernel": "kernel", "bench-dram": "dram", "bench-versus": "versus"}
 
 
 def cmd_bench_kernel(args) -> int:
@@ -111,7 +113,8 @@ def cmd_bench_kernel(args) -> int:
     if exp["runner"] != POINT_RUNNERS[args.command]:
         print(f"experiment {exp['experiment']!r} uses the {exp['runner']!r} runner, not {args.command}", file=sys.stderr)
         return 2
-    run_point = importlib.import_module(f"fsalab.bench.{exp['runner']}").run_point
+    module = importlib.import_module(f"fsalab.bench.{exp['runner']}")
+    run_point = module.run_point
     platform = detect_platform()
     point = _point_from_args(args, exp)
     if point is None:
@@ -121,7 +124,10 @@ def cmd_bench_kernel(args) -> int:
         import re
 
         points = [p for p in grid.expand(exp) if re.search(args.filter, p["id"])]
-        kernel.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, runner=run_point)
+        if hasattr(module, "run_points"):
+            module.run_points(points, exp, device, args.results_dir, platform, args.skip_existing)
+        else:
+            kernel.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, runner=run_point)
         return 0
     row = run_point(point, exp, device, platform)
     out = args.out or kernel.result_path(args.results_dir, platform, point["experiment"], point["id"])
@@ -210,7 +216,8 @@ def cmd_reproduction(args) -> int:
 
 def kernel_parser(sub, command: str, experiment_args) -> None:
     """Arguments of the point runners (bench-kernel: timing; bench-dram: Nsight Compute DRAM bytes)."""
-    what = "time" if command == "bench-kernel" else "profile the DRAM traffic of"
+    what = {"bench-kernel": "time", "bench-dram": "profile the DRAM traffic of",
+            "bench-versus": "time side by side (interleaved, eager and CUDA graph)"}[command]
     p = sub.add_parser(command, help=f"{what} kernel-level points (selected, compressed, window, full, nsa)")
     experiment_args(p)
     p.add_argument("--point", help="a point id of the experiment, or a JSON/YAML file of parameters")

@@ -38,8 +38,10 @@ _NESTED = {
     "triton": ("provenance", "triton"),
     "git_commit": ("provenance", "git_commit"),
     "timestamp": ("provenance", "timestamp"),
+    # versus runner: median ms of each NSA branch timed alone
+    **{f"split_{b}_ms": ("split_ms", b) for b in ("compression", "selection", "selected", "window", "gate")},
 }
-_DROP = {"samples_ms", "provenance", "check", "timing", "inputs", "traceback", "sources"}
+_DROP = {"samples_ms", "graph_samples_ms", "split_ms", "provenance", "check", "timing", "inputs", "traceback", "sources"}
 
 
 def results_root(results_dir: str | Path | None = None) -> Path:

@@ -1,8 +1,8 @@
 """Measurements: one job per grid point (kernel, dram and the end-to-end runners train, prefill,
-convergence); the theory table in one job."""
+convergence) or per experiment (batch_points, and versus always); the theory table in one job."""
 
 
-if not BATCH_POINTS:
+if SINGLE_POINT_EXPERIMENTS:
 
     rule bench_point:
         output:
@@ -11,7 +11,7 @@ if not BATCH_POINTS:
             "logs/{platform}/{experiment}/{point}.log",
         wildcard_constraints:
             platform=PLATFORM,
-            experiment="|".join(POINT_EXPERIMENTS) or "^$",
+            experiment="|".join(SINGLE_POINT_EXPERIMENTS),
         params:
             smoke=SMOKE_FLAG,
             command=lambda wc: bench_command(wc.experiment),
@@ -24,31 +24,30 @@ if not BATCH_POINTS:
             "fsalab {params.command} --experiment {wildcards.experiment} {params.smoke} "
             "--point {wildcards.point} --platform {wildcards.platform} --out {output} > {log} 2>&1"
 
-else:
-    # batch_points: one process per experiment writes every point file (same files, no
-    # per-point interpreter start-up; the smoke profile uses it to keep CI fast).
-    for _exp in POINT_EXPERIMENTS:
+# batch_points: one process per experiment writes every point file (same files, no per-point
+# interpreter start-up; the smoke profile uses it to keep CI fast). versus always runs this way.
+for _exp in BATCH_EXPERIMENTS:
 
-        rule:
-            name:
-                f"bench_{_exp}"
-            output:
-                [f"results/{PLATFORM}/{_exp}/{p}.json" for p in POINTS[_exp]],
-            log:
-                f"logs/{PLATFORM}/bench_{_exp}.log",
-            params:
-                smoke=SMOKE_FLAG,
-                experiment=_exp,
-                filter=config["point_filter"] or ".",
-                platform=PLATFORM,
-                command=bench_command(_exp),
-            resources:
-                gpu=1 if ON_GPU else 0,
-            conda:
-                "../envs/fsalab.yaml"
-            shell:
-                "fsalab {params.command} --experiment {params.experiment} {params.smoke} --all "
-                "--filter '{params.filter}' --platform {params.platform} --results-dir results > {log} 2>&1"
+    rule:
+        name:
+            f"bench_{_exp}"
+        output:
+            [f"results/{PLATFORM}/{_exp}/{p}.json" for p in POINTS[_exp]],
+        log:
+            f"logs/{PLATFORM}/bench_{_exp}.log",
+        params:
+            smoke=SMOKE_FLAG,
+            experiment=_exp,
+            filter=config["point_filter"] or ".",
+            platform=PLATFORM,
+            command=bench_command(_exp),
+        resources:
+            gpu=1 if ON_GPU else 0,
+        conda:
+            "../envs/fsalab.yaml"
+        shell:
+            "fsalab {params.command} --experiment {params.experiment} {params.smoke} --all "
+            "--filter '{params.filter}' --platform {params.platform} --results-dir results > {log} 2>&1"
 
 
 rule theory:

@@ -45,9 +45,13 @@ PLATFORM = _platform()
 FIGURES_PLATFORM = config["figures_platform"]
 EXPERIMENTS = {name: grid.load_experiment(name, smoke=SMOKE) for name in config["experiments"]}
 # Experiments measured point by point with `fsalab bench-<runner>` (one result file per point):
-# kernel, dram and the end-to-end runners train, prefill, convergence.
-POINT_RUNNERS = ("kernel", "dram", "train", "prefill", "convergence")
+# kernel, dram, versus and the end-to-end runners train, prefill, convergence.
+POINT_RUNNERS = ("kernel", "dram", "train", "prefill", "convergence", "versus")
 POINT_EXPERIMENTS = [n for n, e in EXPERIMENTS.items() if e["runner"] in POINT_RUNNERS]
+# Experiments whose points run in one process per experiment: all of them with batch_points;
+# versus always (it times the points of a group side by side, so one point alone is no job).
+BATCH_EXPERIMENTS = [n for n in POINT_EXPERIMENTS if BATCH_POINTS or EXPERIMENTS[n]["runner"] == "versus"]
+SINGLE_POINT_EXPERIMENTS = [n for n in POINT_EXPERIMENTS if n not in BATCH_EXPERIMENTS]
 POINTS = {n: [p["id"] for p in grid.expand(EXPERIMENTS[n])] for n in POINT_EXPERIMENTS}
 if config.get("point_filter"):
     POINTS = {n: [p for p in ids if re.search(config["point_filter"], p)] for n, ids in POINTS.items()}

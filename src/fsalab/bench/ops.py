@@ -184,10 +184,31 @@ def _bind_full(impl: str, options: dict) -> BoundOp:
     return BoundOp("full_attention", impl, fn, lambda x, aux: _ref_window(x, window=x.total), False, {"full": impl})
 
 
-def _bind_nsa(impl: str, options: dict) -> BoundOp:
-    # gate_impl, as in the module: "triton" (ops.gate's fused kernel, the kernel impls' default) or
-    # "reference" (torch's ops, the reference impl's default); the A/B of that kernel.
-    options = dict(options)
+@dataclass
+class NSAParts:
+    """The branch functions whole NSA attention is made of, as ``nsa_attention`` binds them for
+    one impl (the versus runner times them one by one on the same inputs).
+
+    compression: module with compress_kv, compressed_attention, select_blocks; selected/window:
+    ``(q, k, v, block_idx, cu, block_size)`` / ``(q, k, v, cu, window)`` -> o [total, h, d];
+    gated_sum: ``(o_cmp, o_slc, o_win, gate_logits)`` -> o. ``sources`` names each choice.
+    """
+
+    compression: object
+    selected: Callable
+    window: Callable
+    gated_sum: Callable
+    sources: dict
+
+
+def nsa_parts(impl: str, options: dict | None = None) -> NSAParts:
+    """The branches of ``nsa_attention`` for ``impl``; ``Unsupported`` when one cannot run here.
+
+    ``options`` may hold gate_impl, as in the module: "triton" (ops.gate's fused kernel, the
+    kernel impls' default) or "reference" (torch's ops, the reference impl's default); the rest
+    goes to the selected-attention impl.
+    """
+    options = dict(options or {})
     gate = options.pop("gate_impl", "reference" if impl == "reference" else "triton")
     if gate not in ("reference", "triton"):
         raise Unsupported(f"nsa_attention's gate_impl must be 'reference' or 'triton', got {gate!r}")
@@ -197,21 +218,26 @@ def _bind_nsa(impl: str, options: dict) -> BoundOp:
     else:
         mod, _ = _compression_impl("triton")
         win, sel = _window_fn("auto"), _selected_fn(impl, options)
-
-    def fn(x: Inputs):
-        t = x.tensors
-        o_cmp, block_idx = _compress_and_select(mod, x)
-        o_slc = _first(sel(t["q"], t["k"], t["v"], block_idx, x.cu_seqlens, x.cfg.block_size))
-        o_win = _first(win(t["q"], t["k"], t["v"], x.cu_seqlens, x.cfg.window_size))
-        dt = o_cmp.dtype  # the reference window branch (CPU) returns fp32; the fused sum takes one dtype
-        return gated_sum(o_cmp, o_slc.to(dt), o_win.to(dt), t["gate"]), block_idx
-
     sources = {"selected": impl, "compression": "reference" if impl == "reference" else "triton",
                "window": "reference" if impl == "reference" else "auto",
                "gate": gate}
+    return NSAParts(mod, lambda *a: _first(sel(*a)), lambda *a: _first(win(*a)), gated_sum, sources)
+
+
+def _bind_nsa(impl: str, options: dict) -> BoundOp:
+    parts = nsa_parts(impl, options)
+
+    def fn(x: Inputs):
+        t = x.tensors
+        o_cmp, block_idx = _compress_and_select(parts.compression, x)
+        o_slc = parts.selected(t["q"], t["k"], t["v"], block_idx, x.cu_seqlens, x.cfg.block_size)
+        o_win = parts.window(t["q"], t["k"], t["v"], x.cu_seqlens, x.cfg.window_size)
+        dt = o_cmp.dtype  # the reference window branch (CPU) returns fp32; the fused sum takes one dtype
+        return parts.gated_sum(o_cmp, o_slc.to(dt), o_win.to(dt), t["gate"]), block_idx
+
     # need_indices: the op selects its own blocks; the input-time selection only counts the
     # attended keys of its useful FLOPs (same compression path, same inputs).
-    return BoundOp("nsa_attention", impl, fn, _ref_nsa, True, sources)
+    return BoundOp("nsa_attention", impl, fn, _ref_nsa, True, parts.sources)
 
 
 _BINDERS = {

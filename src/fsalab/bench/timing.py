@@ -11,6 +11,10 @@ Methods (``method=`` / the ``timing.method`` key of an experiment):
   (synchronising first on GPU), ``warmup`` untimed calls then ``repeats`` timed ones.
 
 The summary statistics are the median and the 20th/80th percentiles of the samples, in ms.
+
+``interleaved`` times several callables side by side (round-robin, one call of each per round),
+so that clock drift, thermal state and neighbours hit all of them alike; ``capture_graph``
+records a callable into a CUDA graph whose replay is timed like any other callable.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -86,19 +91,20 @@ def _cuda_events(fn: Callable[[], object], device: torch.device, warmup: int, re
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def _wallclock(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> list[float]:
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
+
+def _wallclock(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> list[float]:
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(repeats):
-        sync()
+        _sync(device)
         t0 = time.perf_counter()
         fn()
-        sync()
+        _sync(device)
         samples.append((time.perf_counter() - t0) * 1e3)
     return samples
 
@@ -151,3 +157,146 @@ def peak_memory(fn: Callable[[], object], device: torch.device) -> dict:
     peak = torch.cuda.max_memory_allocated(device)
     del out
     return {"peak_mem_gib": (peak - base) / 2**30, "peak_total_gib": peak / 2**30}
+
+
+@dataclass
+class Rounds:
+    """When ``interleaved`` stops sampling a callable (all times in ms of its own samples).
+
+    Each callable is sampled in every round until it has ``rounds`` samples and ``rep_ms`` of
+    sampled time (at most ``max_rounds``), or, when it is slow, as soon as its samples reach
+    ``budget_ms`` and number at least ``min_rounds``.
+    """
+
+    rounds: int = 10
+    min_rounds: int = 3
+    rep_ms: float = 100.0
+    budget_ms: float = 3000.0
+    max_rounds: int = 100
+
+    def active(self, n: int, total_ms: float) -> bool:
+        """Whether a callable with ``n`` samples summing to ``total_ms`` takes part in the next round."""
+        if n < self.min_rounds:
+            return True
+        if n >= self.max_rounds or total_ms >= self.budget_ms:
+            return False
+        return n < self.rounds or total_ms < self.rep_ms
+
+
+def interleaved(
+    fns: dict[str, Callable[[], object]], device: torch.device, method: str = "auto", rounds: Rounds | None = None,
+    warmup: int = 1,
+) -> dict[str, Timing | BaseException]:
+    """Time every callable of ``fns`` in round-robin rounds; one Timing (or the exception it
+    raised) per name.
+
+    Every callable is called ``warmup`` times untimed first (compile, autotune, ``auto`` dispatch
+    profiling). Then each round calls every still-active callable once, in ``fns`` order: with
+    ``cuda_events`` (``auto`` on CUDA; ``do_bench`` is taken to mean it) after zeroing a 256 MiB
+    buffer (L2 flush), between two CUDA events, with one device sync per round to read them;
+    with ``wallclock``, by ``time.perf_counter`` around the call, syncing before and after. A
+    callable that raises drops out with its exception; the others go on.
+    """
+    rounds = rounds or Rounds()
+    method = resolve_method(method, device)
+    cuda = method != "wallclock"
+    results: dict[str, Timing | BaseException] = {}
+    samples: dict[str, list[float]] = {}
+    for name, fn in fns.items():
+        try:
+            for _ in range(warmup):
+                fn()
+            samples[name] = []
+        except Exception as exc:  # noqa: BLE001 - a failing callable must not stop the others
+            results[name] = exc
+    flush = _l2_flush_buffer(device) if cuda else None
+    while True:
+        active = [n for n in samples if n not in results and rounds.active(len(samples[n]), sum(samples[n]))]
+        if not active:
+            break
+        events = {}
+        for name in active:
+            try:
+                if cuda:
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    flush.zero_()
+                    start.record()
+                    fns[name]()
+                    end.record()
+                    events[name] = (start, end)
+                else:
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    fns[name]()
+                    _sync(device)
+                    samples[name].append((time.perf_counter() - t0) * 1e3)
+            except Exception as exc:  # noqa: BLE001
+                results[name] = exc
+        if cuda:
+            torch.cuda.synchronize(device)
+            for name, (start, end) in events.items():
+                samples[name].append(float(start.elapsed_time(end)))
+    settings = {"interleaved": list(fns), "warmup": warmup, "l2_flush": cuda, "rounds": rounds.rounds, "min_rounds": rounds.min_rounds,
+                "rep_ms": rounds.rep_ms, "budget_ms": rounds.budget_ms, "max_rounds": rounds.max_rounds}
+    for name, xs in samples.items():
+        if name not in results:
+            results[name] = Timing(xs, "cuda_events" if cuda else "wallclock", settings)
+    return results
+
+
+@dataclass
+class CapturedGraph:
+    """A callable recorded into a CUDA graph.
+
+    status: ``ok``, ``unsupported: <why>`` (no CUDA) or ``error: <exception>`` (capture failed:
+    e.g. a host sync or an allocation the graph cannot hold). ``replay`` re-launches the
+    recorded work on the same memory; ``outputs`` are the captured call's return value (static
+    tensors the replays overwrite). ``free()`` drops the graph and its memory pool.
+    """
+
+    status: str
+    replay: Callable[[], None] | None = None
+    outputs: Any = None
+    graph: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def free(self) -> None:
+        self.replay = self.outputs = self.graph = None
+
+
+def capture_graph(fn: Callable[[], object], device: torch.device, warmup: int = 2) -> CapturedGraph:
+    """Record ``fn`` into a ``torch.cuda.CUDAGraph``; never raises for ``fn``'s own failures.
+
+    ``fn`` must be replayable: fixed shapes, inputs that stay at their addresses (the graph
+    reads them in place), no host sync. It is first called ``warmup`` times on a side stream,
+    so Triton compilation and autotuning, ``auto`` dispatch profiling, cuDNN plan building and
+    the caching allocator's growth happen outside the capture (as PyTorch's CUDA-graph docs
+    require); a backward through ``torch.autograd.grad`` inside ``fn`` is captured too.
+    """
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return CapturedGraph("unsupported: no CUDA")
+    graph = None
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = fn()
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # noqa: BLE001 - a failed capture is a result, not a crash
+        del graph
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:  # noqa: BLE001 - the error is reported below either way
+            pass
+        torch.cuda.empty_cache()
+        return CapturedGraph(f"error: {type(exc).__name__}: {exc}"[:2000])
+    return CapturedGraph("ok", graph.replay, outputs, graph)

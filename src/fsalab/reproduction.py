@@ -405,7 +405,7 @@ def _markdown_table(df: pd.DataFrame, spec: str = ".3g") -> list[str]:
 
 
 def _multi_gpu_sections(platform: str, results_dir) -> list[str]:
-    """Markdown of the multi-GPU measurements (issue 7): full-depth FSDP2 steps beside the
+    """Markdown of the multi-GPU measurements: full-depth FSDP2 steps beside the
     single-GPU estimates, and tensor-parallel prefill by degree; nothing when none exist."""
     lines = []
     fsdp = results.multi_gpu_table(platform, "train_fsdp", results_dir)

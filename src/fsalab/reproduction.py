@@ -15,11 +15,12 @@ from pathlib import Path
 import pandas as pd
 
 from . import results, theory
+from .ops.impls import FULL_ATTENTION_IMPLS
 
 SHAPE_KEYS = ["direction", "N", "batch", "h_kv", "g", "d", "dtype"]
 BT_KEYS = ["block_size", "topk"]
 # Full-attention baselines, all measured; the fastest one at each point is the baseline.
-FULL_IMPLS = ("flash_attn", "sdpa_flash", "sdpa_cudnn", "triton", "sdpa_math", "reference")
+FULL_IMPLS = (*FULL_ATTENTION_IMPLS, "reference")
 
 
 def _median(df: pd.DataFrame, keys: list[str], column: str) -> pd.DataFrame:

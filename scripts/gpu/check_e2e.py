@@ -1,4 +1,4 @@
-"""GPU check of the end-to-end path (issue 6), < 5 minutes on one H200.
+"""GPU check of the end-to-end path, < 5 minutes on one H200.
 
 1. Swap correctness in bf16 on the GPU: a tiny Llama and Qwen3 patched with NSA configured as full
    attention (topk >= blocks, gates forced to the selected branch) must match HF's SDPA logits,

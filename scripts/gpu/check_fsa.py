@@ -36,7 +36,7 @@ import time
 import torch
 import triton
 
-if "--nsa-autotune" not in sys.argv:  # read at import: NSA's default configs (check_nsa.py tunes)
+if "--nsa-autotune" not in sys.argv:  # read at import: every kernel's fixed config (check_nsa.py tunes)
     os.environ.setdefault("FSALAB_AUTOTUNE", "0")
 
 from fsalab.bench.inputs import attended_keys, make_inputs

@@ -14,7 +14,7 @@
    (g * (4 * d + 8) bytes per CSR entry). Byte/FLOP model and predictions: docs/perf-log-nsa.md.
 
 Exits non-zero when a comparison fails. Runs in about 2.5 minutes on an H200, most of it Triton
-compilation and autotuning; FSALAB_AUTOTUNE=0 skips autotuning (default configs). Writes
+compilation and autotuning; FSALAB_AUTOTUNE=0 skips autotuning (fixed configs). Writes
 $OUT/check_nsa.json when OUT is set. Usage: python scripts/gpu/check_nsa.py [--skip-timing]
 [--no-ablation]
 """
@@ -226,7 +226,7 @@ def main() -> int:
             torch.cuda.empty_cache()  # the case's tensors died with its frame
         print("\nautotuned configs (key: d, g, block_size, dtypes...):")
         for kernel in (nsa._fwd_kernel, nsa._bwd_dq_kernel, nsa._bwd_dkdv_kernel):
-            if isinstance(kernel, triton.runtime.Autotuner):  # not when FSALAB_AUTOTUNE=0
+            if isinstance(kernel, triton.runtime.Autotuner):  # FSALAB_AUTOTUNE=0: the fixed configs
                 for key, config in kernel.cache.items():
                     print(f"  {kernel.fn.__name__:24s} {key[:3]} {config}")
                     record.setdefault("configs", []).append([kernel.fn.__name__, list(key[:3]), str(config)])

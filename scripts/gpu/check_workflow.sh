@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the benchmark runners (issue 5): a few small points of every kernel-level
+# GPU check of the benchmark runners: a few small points of every kernel-level
 # experiment through the real runners, written under results/<gpu>-check/ (never the committed
 # platform folder), then a one-line-per-point summary: status, latency, correctness check.
 # Takes a few minutes on an H200 (mostly Triton compiles). Run from anywhere:

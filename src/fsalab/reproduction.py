@@ -15,11 +15,12 @@ from pathlib import Path
 import pandas as pd
 
 from . import results, theory
+from .ops.impls import FULL_ATTENTION_IMPLS
 
 SHAPE_KEYS = ["direction", "N", "batch", "h_kv", "g", "d", "dtype"]
 BT_KEYS = ["block_size", "topk"]
 # Full-attention baselines, all measured; the fastest one at each point is the baseline.
-FULL_IMPLS = ("flash_attn", "sdpa_flash", "sdpa_cudnn", "triton", "sdpa_math", "reference")
+FULL_IMPLS = (*FULL_ATTENTION_IMPLS, "reference")
 
 
 def _median(df: pd.DataFrame, keys: list[str], column: str) -> pd.DataFrame:
@@ -405,7 +406,7 @@ def _markdown_table(df: pd.DataFrame, spec: str = ".3g") -> list[str]:
 
 
 def _multi_gpu_sections(platform: str, results_dir) -> list[str]:
-    """Markdown of the multi-GPU measurements (issue 7): full-depth FSDP2 steps beside the
+    """Markdown of the multi-GPU measurements: full-depth FSDP2 steps beside the
     single-GPU estimates, and tensor-parallel prefill by degree; nothing when none exist."""
     lines = []
     fsdp = results.multi_gpu_table(platform, "train_fsdp", results_dir)

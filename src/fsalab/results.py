@@ -4,7 +4,7 @@ Layout (DESIGN §2): ``results/<platform>/<experiment>/<point>.json`` (one row e
 the runners) -> ``results/<platform>/<experiment>.csv`` (one measurement a row, the DESIGN
 columns first, nested fields flattened, samples dropped). Notebooks and the REPRODUCTION.md
 generator read the CSVs through ``load_table``; every row is checked against
-``workflow/schemas/result.schema.yaml`` on the way in.
+``result.schema.yaml`` (``fsalab.data``) on the way in.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from . import data
 from .bench.grid import load_schema, repo_root, validate
 
 # DESIGN §2 columns, in order (kept in sync with fsalab.bench.kernel.COLUMNS by a test).
@@ -136,5 +137,5 @@ def ok(df: pd.DataFrame) -> pd.DataFrame:
 
 def paper_values() -> dict:
     """The paper's reported numbers used beside ours (``analysis/paper_values.yaml``)."""
-    with open(repo_root() / "analysis" / "paper_values.yaml") as fh:
+    with open(data.path("paper_values.yaml")) as fh:
         return yaml.safe_load(fh)

@@ -18,6 +18,8 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from .. import data
+
 KERNEL_REQUIRED = ("op", "impl", "direction", "N", "g")
 THEORY_REQUIRED = ("N", "g", "cost_model")
 E2E_REQUIRED = ("op", "model", "impl", "N", "dtype")
@@ -42,8 +44,8 @@ def repo_root() -> Path:
 
 
 def load_schema(name: str) -> dict:
-    """``workflow/schemas/<name>.schema.yaml`` as a dict."""
-    with open(repo_root() / "workflow" / "schemas" / f"{name}.schema.yaml") as fh:
+    """``<name>.schema.yaml`` of the package data (``workflow/schemas/`` in a checkout) as a dict."""
+    with open(data.path("schemas", f"{name}.schema.yaml")) as fh:
         return yaml.safe_load(fh)
 
 
@@ -84,11 +86,13 @@ def _deep_merge(base: dict, over: dict) -> dict:
 
 
 def experiment_path(name_or_path: str | Path) -> Path:
-    """``experiments/<name>.yaml`` under the repo root, or the path itself if it is a file."""
+    """``experiments/<name>.yaml`` under the repo root, else the package's copy; or the path itself
+    if it is a file."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.is_file():
         return p
-    return repo_root() / "experiments" / f"{name_or_path}.yaml"
+    local = repo_root() / "experiments" / f"{name_or_path}.yaml"
+    return local if local.is_file() else data.path("experiments", f"{name_or_path}.yaml")
 
 
 def load_experiment(name_or_path: str | Path, smoke: bool = False) -> dict:
@@ -107,7 +111,7 @@ def load_experiment(name_or_path: str | Path, smoke: bool = False) -> dict:
 
 def load_smoke() -> dict:
     """experiments/smoke.yaml, validated."""
-    path = repo_root() / "experiments" / "smoke.yaml"
+    path = experiment_path("smoke")
     with open(path) as fh:
         return validate(yaml.safe_load(fh), load_schema("smoke"), str(path))
 

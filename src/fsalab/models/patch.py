@@ -31,10 +31,14 @@ from ..checks import check_cu_seqlens
 from ..config import NSAConfig
 from ..modules import NativeSparseAttention
 from ..modules.rope import rope_inv_freq
+from ..ops import selection
+from ..ops.impls import FULL_ATTENTION_IMPLS
 
-SELECTION_IMPLS = ("fsa", "fsa_paper", "nsa", "auto", "reference")
-# Full-attention baselines (DESIGN §2 impl names); "full" is the paper's baseline on H200: cuDNN.
-FULL_IMPLS = ("sdpa_cudnn", "sdpa_flash", "sdpa_math", "sdpa", "flash_attn")
+SELECTION_IMPLS = tuple(i for i in selection.IMPLS if i not in selection.PEER_IMPLS)
+# Full-attention baselines (DESIGN §2 impl names): the model's own attention through an SDPA
+# backend ("sdpa": any), or flash-attn; fsalab's Triton full attention is a kernel baseline only.
+# "full" is the paper's baseline on H200: cuDNN.
+FULL_IMPLS = (*(i for i in FULL_ATTENTION_IMPLS if i != "triton"), "sdpa")
 FULL_ALIASES = {"full": "sdpa_cudnn"}
 
 

@@ -1,9 +1,9 @@
 """NSA ops. Each branch's implementation is chosen by name so the module can swap kernels.
 
-- compression ops (compress_kv, compressed_attention, select_blocks): "reference" | "triton" | "auto"
-- selected attention: see ``fsalab.ops.selection`` ("reference" | "nsa" | "fsa" | "fsa_paper" | "auto")
-- sliding window: "reference" | "triton" | "flash_attn" | "auto"
-- gated sum of the three branches: "reference" | "triton" (the fused kernel, ``fsalab.ops.gate``) | "auto"
+- compression ops (compress_kv, compressed_attention, select_blocks): ``impls.COMPRESSION_IMPLS``
+- selected attention: ``fsalab.ops.selection.IMPLS``
+- sliding window: ``impls.WINDOW_IMPLS``
+- gated sum of the three branches: ``impls.GATE_IMPLS`` ("triton" is the fused kernel, ``fsalab.ops.gate``)
 
 "auto" picks the kernels on CUDA tensors and the reference elsewhere.
 """
@@ -15,13 +15,8 @@ from types import ModuleType
 
 import torch
 
-from ._interpreter import patch_interpreter
-
-patch_interpreter()
-
-COMPRESSION_IMPLS = ("reference", "triton", "auto")
-WINDOW_IMPLS = ("reference", "triton", "flash_attn", "auto")
-GATE_IMPLS = ("reference", "triton", "auto")
+from . import _triton  # noqa: F401  (applies the interpreter patch before any kernel runs)
+from .impls import COMPRESSION_IMPLS, GATE_IMPLS, WINDOW_IMPLS
 
 
 def compression_ops(impl: str, device: torch.device) -> ModuleType:

@@ -32,7 +32,6 @@ stored: memory is the [total, h_kv, T] output.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -47,40 +46,16 @@ from ..checks import (
 )
 from ..config import NSAConfig
 from ..varlen import compressed_capacity
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_LOG2E = 1.4426950408889634
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()
-
-
-def _autotune(configs, key):
-    """Autotuned on GPU; the bare kernel under the interpreter (tiles then come from _meta)."""
-
-    def wrap(fn):
-        return fn if _INTERPRET else triton.autotune(configs, key=key)(fn)
-
-    return wrap
-
-
-def _meta(**interpreter_tiles) -> dict:
-    return interpreter_tiles if _INTERPRET else {}
+from ._triton import LOG2E as _LOG2E
+from ._triton import autotune as _autotune
+from ._triton import dot_precision as _dot_precision
+from ._triton import interpreter_meta as _meta
+from ._triton import next_pow2 as _next_pow2
+from ._triton import search_steps as _search_steps
 
 
 def _cfg(warps: int, stages: int, **tiles) -> triton.Config:
     return triton.Config(tiles, num_warps=warps, num_stages=stages)
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs multiply in true fp32 (tests compare exactly); fp16/bf16 ignore the setting."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _search_steps(n: int) -> int:
-    """Binary-lifting steps that find an index in [0, n)."""
-    return max(0, n - 1).bit_length()
 
 
 @triton.jit

@@ -35,18 +35,13 @@ gradient on lse).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from ..checks import KERNEL_DTYPES, check_attention_inputs, check_tensor
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_LOG2E = 1.4426950408889634
-LOG2E = tl.constexpr(_LOG2E)
-LN2 = tl.constexpr(0.6931471805599453)
+from ._triton import INTERPRET, LN2_C, LOG2E, autotune, dot_precision, interpreter_meta, next_pow2, search_steps
 MASKS = ("window", "compressed")
 # Window of masks without one: wider than any sequence, yet window + positions stays in int32.
 NO_WINDOW = 1 << 30
@@ -80,18 +75,11 @@ def _prune(configs, named_args, **kwargs):
 
 
 def _autotune(configs, reset_to_zero=None):
-    """Autotuned on GPU, keyed on padded d, key stride and window (sliding, causal and compressed
-    masks tune apart) and a size class (see _size_class); the bare kernel under the interpreter.
+    """``_triton.autotune`` keyed on padded d, key stride and window (sliding, causal and compressed
+    masks tune apart) and a size class (see _size_class), d = 256 pruned to its own configs.
     reset_to_zero: buffers the kernel accumulates into, zeroed before every timed run."""
-
-    def wrap(fn):
-        if _INTERPRET:
-            return fn
-        key = ["D_PAD", "key_stride", "window", "size_class", "FUSE_DQ"]
-        return triton.autotune(configs + _D256_ONLY, key=key, reset_to_zero=reset_to_zero,
-                               prune_configs_by={"early_config_prune": _prune})(fn)
-
-    return wrap
+    key = ["D_PAD", "key_stride", "window", "size_class", "FUSE_DQ"]
+    return autotune(configs + _D256_ONLY, key=key, prune=_prune, reset_to_zero=reset_to_zero)
 
 
 # Runtime ints that vary between calls: not specialized (== 1, % 16), so a new batch size, group
@@ -101,7 +89,7 @@ _DYNAMIC = ["batch", "n_search", "group", "key_stride", "key_offset", "window", 
 
 def _meta(block_m: int, block_n: int) -> dict:
     """Tile sizes under the interpreter (small, so tiny tests cross many tile edges); autotuned on GPU."""
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n} if _INTERPRET else {}
+    return interpreter_meta(BLOCK_M=block_m, BLOCK_N=block_n)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,7 +241,7 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
 
     seen = l_i > 0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2_C, float("-inf"))
     tl.store(O + q_row0 * stride_ot + head * stride_oh + offs_m[:, None] * stride_ot + dcol[None, :],
              o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LSE + q_row0 * n_heads + head + offs_m * n_heads, lse, mask=row_ok)
@@ -474,18 +462,12 @@ def _dkdv_kernel(Q, K, V, DO, LSE_S, DELTA, DK, DV, DQ, CU_Q, CU_K,
 
 def _common_meta(q: torch.Tensor) -> dict:
     d = q.shape[2]
-    d_pad = max(16, triton.next_power_of_2(d))
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is the default; only fp32 inputs read it
-    return {"D": d, "D_PAD": d_pad, "PRECISION": precision}
+    return {"D": d, "D_PAD": max(16, next_pow2(d)), "PRECISION": dot_precision(q.dtype)}
 
 
 def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Buffers whose every element a kernel writes (tests swap in NaN-filled ones to prove it)."""
     return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _search_steps(batch: int) -> int:
-    return max(1, batch.bit_length())
 
 
 def _size_class(total: int, h: int) -> int:
@@ -524,7 +506,7 @@ def _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale):
     _fwd_kernel[grid](
         q, k, v, o, lse, cu_q, cu_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1), h,
-        batch, _search_steps(batch), h // k.shape[1], scale * _LOG2E, key_stride, key_offset, window,
+        batch, search_steps(batch), h // k.shape[1], scale * LOG2E, key_stride, key_offset, window,
         _size_class(total, h), **_common_meta(q), **_meta(32, 16),
     )
     return o, lse
@@ -550,13 +532,13 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
         o.stride(0), o.stride(1), do.stride(0), do.stride(1), h, 1.0 / scale,
         HAS_DLSE=dlse is not None, D=d, D_PAD=meta["D_PAD"], BLOCK_T=64,
     )
-    common = (batch, _search_steps(batch), group)
+    common = (batch, search_steps(batch), group)
     if deterministic:
         grid_q = lambda m: (batch + total // m["BLOCK_M"], h)
         _dq_kernel[grid_q](
             q, k, v, do, lse_s, delta, dq, cu_q, cu_k,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-            dq.stride(0), dq.stride(1), total, *common, scale, scale * _LOG2E, key_stride, key_offset, window,
+            dq.stride(0), dq.stride(1), total, *common, scale, scale * LOG2E, key_stride, key_offset, window,
             _size_class(total, h), **meta, **_meta(32, 16),
         )
         dq_acc = torch.empty((1, 1, 1), dtype=torch.float32, device=q.device)  # unused (zeroed while autotuning)
@@ -571,7 +553,7 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
         q, k, v, do, lse_s, delta, dk_out, dv_out, dq_acc, cu_q, cu_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
         *dk_out.stride()[:3], *dv_out.stride()[:3], dq_acc.stride(0), dq_acc.stride(1), total,
-        *common, triton.cdiv(total, chunks), scale, scale * _LOG2E, key_stride, key_offset, window,
+        *common, triton.cdiv(total, chunks), scale, scale * LOG2E, key_stride, key_offset, window,
         _size_class(total, h), FUSE_DQ=not deterministic, **meta, **_meta(16, 32),
     )
     if chunks > 1:
@@ -634,7 +616,7 @@ def flash_attention(
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
     check_attention_inputs(q, k, v, cu_seqlens_q, KERNEL_DTYPES)
-    if q.device.type != "cuda" and not _INTERPRET:
+    if q.device.type != "cuda" and not INTERPRET:
         raise ValueError(f"Triton kernels need a CUDA device (or TRITON_INTERPRET=1); q is on {q.device}")
     total = q.shape[0]
     if mask == "window":

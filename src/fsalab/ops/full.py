@@ -28,9 +28,10 @@ import torch.nn.functional as F
 from ..checks import KERNEL_DTYPES, check_attention_inputs
 from ..varlen import local_positions, sequence_ids
 from .flash import NO_WINDOW, flash_attention
+from .impls import FULL_ATTENTION_IMPLS
 from .window import flash_attn_varlen
 
-IMPLS = ("sdpa_flash", "sdpa_cudnn", "sdpa_math", "flash_attn", "triton")
+IMPLS = FULL_ATTENTION_IMPLS
 _SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_math": "MATH"}
 # torch version from which each SDPA backend accepts k/v with fewer heads (enable_gqa=True).
 _GQA_SINCE = {"sdpa_flash": (2, 5), "sdpa_math": (2, 5), "sdpa_cudnn": (2, 8)}

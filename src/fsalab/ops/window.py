@@ -20,8 +20,9 @@ import torch
 
 from ..checks import KERNEL_DTYPES, check_attention_inputs
 from .flash import flash_attention
+from .impls import WINDOW_IMPLS
 
-BACKENDS = ("auto", "flash_attn", "triton")
+BACKENDS = tuple(i for i in WINDOW_IMPLS if i != "reference")
 
 
 @functools.cache

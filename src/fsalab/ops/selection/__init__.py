@@ -39,6 +39,8 @@ IMPLS: dict[str, tuple[str, str]] = {
     "auto": ("fsalab.ops.selection.dispatch", "selected_attention_auto"),
     "fla_nsa": ("fsalab.ops.selection.fla_nsa", "selected_attention_fla"),
 }
+# Peer kernels (other projects' code behind fsalab's contract): benchmarked, not swapped into models.
+PEER_IMPLS = ("fla_nsa",)
 
 
 def resolve(impl: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:

@@ -2,7 +2,7 @@
 
 ``count_below(ptr, n, x, steps, INCLUSIVE)`` = #{i < n : ptr[i] < x} (``<=`` with INCLUSIVE) over
 a non-decreasing int32 array, i.e. torch.searchsorted(ptr[:n], x, right=INCLUSIVE). ``steps``
-must be at least ``search_steps(n)``: every step halves the open interval [lo, hi) of a lane, so
+must be at least ``_triton.search_steps(n)``: every step halves the open interval [lo, hi) of a lane, so
 n.bit_length() steps close it for any n. The step count is a runtime argument (a loop with a
 scalar bound), so new sizes never recompile a kernel.
 """
@@ -11,11 +11,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-
-def search_steps(n: int) -> int:
-    """Steps of count_below that close an interval of n elements."""
-    return max(int(n), 0).bit_length()
 
 
 @triton.jit

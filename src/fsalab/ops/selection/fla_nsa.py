@@ -39,11 +39,9 @@ import importlib
 import torch
 import torch.nn.functional as F
 
+from .._triton import next_pow2
+
 MIN_GROUP = 16
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def to_fla_block_indices(block_idx: torch.Tensor) -> torch.Tensor:
@@ -57,7 +55,7 @@ def to_fla_block_indices(block_idx: torch.Tensor) -> torch.Tensor:
     if block_idx.dim() != 3:
         raise ValueError(f"block_idx must be [total, h_kv, topk], got shape {tuple(block_idx.shape)}")
     topk = block_idx.shape[2]
-    s = _next_pow2(topk)
+    s = next_pow2(topk)
     idx = block_idx if s == topk else F.pad(block_idx, (0, s - topk), value=-1)
     return idx.to(torch.int32).contiguous().unsqueeze(0)
 

@@ -40,9 +40,10 @@ import torch
 import triton
 
 from ...checks import check_kernel_call
+from .._triton import LOG2E, next_pow2
 from . import fsa_plan as plan
 from .fsa_bwd import _delta_kernel, _dkdv_kernel, _dkdv_merge_kernel
-from .fsa_fwd import (
+from .fsa_partials import (
     DQ,
     FAST,
     LSE,
@@ -54,8 +55,6 @@ from .fsa_fwd import (
     _partial_kernel,
 )
 from .index import SelectionIndex, build_selection_index
-
-_LOG2E = 1.4426950408889634
 
 
 @dataclass
@@ -91,7 +90,7 @@ class _Problem:
 
     @property
     def D(self) -> int:
-        return max(16, plan.pow2(self.d))
+        return max(16, next_pow2(self.d))
 
     @property
     def topk(self) -> int:
@@ -144,7 +143,7 @@ def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_swit
         ix.row_ptr, ix.token_ids, ix.block_start, ix.block_len, ix.block_local,
         first, item_row, item_sub, max_rest,
         *_strides(pb),
-        r_begin, r_end, pb.cap, pb.g, chunk.j0, chunk.heads, n_sub, pb.d, pb.scale * _LOG2E, pb.scale,
+        r_begin, r_end, pb.cap, pb.g, chunk.j0, chunk.heads, n_sub, pb.d, pb.scale * LOG2E, pb.scale,
         HP=hp, G=G, TOK=tiles.tok, BLOCK_M=tiles.block_m, NUM_MT=tiles.num_mt,
         BLOCK_N=tiles.block_n, NUM_KT=triton.cdiv(pb.block_size, tiles.block_n), D=pb.D,
         MODE=mode, TABLE=work is not None, EARLY_RETURN=early, PREC=pb.prec,
@@ -155,7 +154,7 @@ def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_swit
 def _launch_merge(pb, chunk, mode, obuf, lbuf, out, lse_out):
     """Merge the chunk's partials per (token, head) into out [total, h, d] and/or lse_out [total, h]."""
     G = chunk.heads
-    block_r = max(plan.pow2(G), 64)
+    block_r = max(next_pow2(G), 64)
     tok = block_r // G
     dummy = pb.q
     _merge_kernel[(triton.cdiv(pb.total, tok), chunk.n_kv)](
@@ -163,7 +162,7 @@ def _launch_merge(pb, chunk, mode, obuf, lbuf, out, lse_out):
         dummy if out is None else out, dummy if lse_out is None else lse_out,
         pb.total, pb.h_kv, pb.topk, chunk.hk0, chunk.hk0 * pb.cap, pb.g, chunk.j0, pb.d,
         pb.q.stride(0), pb.q.stride(1), pb.h,
-        G=G, TOK=tok, BLOCK_R=block_r, TOPK_P=plan.pow2(pb.topk), D=pb.D, MODE=mode, num_warps=4,
+        G=G, TOK=tok, BLOCK_R=block_r, TOPK_P=next_pow2(pb.topk), D=pb.D, MODE=mode, num_warps=4,
     )
 
 
@@ -225,7 +224,7 @@ def _delta(o, do, dlse):
     delta = torch.empty(total, h, dtype=torch.float32, device=o.device)
     _delta_kernel[(triton.cdiv(total * h, 64),)](
         o, do, delta if dlse is None else dlse, delta, total * h, d,
-        HAS_DLSE=dlse is not None, BLOCK=64, D=max(16, plan.pow2(d)), num_warps=4,
+        HAS_DLSE=dlse is not None, BLOCK=64, D=max(16, next_pow2(d)), num_warps=4,
     )
     return delta
 
@@ -242,7 +241,7 @@ def _launch_dkdv(pb, chunk, tiles, do, lse, delta, dk, dv, work, dkp, dvp, dqbuf
         ix.row_ptr, ix.token_ids, ix.block_start, ix.block_len,
         work.first, work.item_row, work.item_sub, work.slots,
         *_strides(pb),
-        r_begin, r_end, pb.cap, pb.g, pb.d, pb.block_size, pb.scale * _LOG2E, pb.scale,
+        r_begin, r_end, pb.cap, pb.g, pb.d, pb.block_size, pb.scale * LOG2E, pb.scale,
         G=pb.g, TOK=tiles.tok, BLOCK_M=tiles.block_m, NUM_MT=work.per_item // tiles.tok,
         BLOCK_N=tiles.block_n, NUM_KT=num_kt, D=pb.D, FUSED_DQ=dqbuf is not None, PREC=pb.prec,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,

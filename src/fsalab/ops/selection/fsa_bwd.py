@@ -3,7 +3,7 @@ partials of the same pass), the merge of rows split over several programs, and d
 
 ``_dkdv_kernel``: one program per (CSR row, range of its tokens). For each key sub-tile of the
 block it loads K/V once and walks the row's selecting tokens (TOK tokens x G heads per tile,
-as in ``fsa_fwd``), accumulating dK and dV in fp32 registers. With FUSED_DQ it also writes each
+as in ``fsa_partials``), accumulating dK and dV in fp32 registers. With FUSED_DQ it also writes each
 entry's dq partial (scale * ds K) to the compact buffer, so q, dO, lse and delta are gathered
 once for both gradients; with several key sub-tiles the later ones add to the partial the first
 one wrote (same program, same layout, so no race). Without FUSED_DQ each key sub-tile gets its
@@ -23,7 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fsa_fwd import LOG2E, _gather_rows, _work_item
+from .._triton import LOG2E_C
+from .fsa_partials import _gather_rows, _work_item
 
 
 @triton.jit
@@ -99,7 +100,7 @@ def _dkdv_subtile(
         )
         q_t = tl.load(q + qp, mask=qmask, other=0.0)
         do_t = tl.load(do + qp, mask=qmask, other=0.0)
-        lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E
+        lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E_C
         dl = tl.load(delta + lp, mask=valid, other=0.0)
         live = valid[:, None] & (c < kl)[None, :] & ((kb + c)[None, :] <= tok[:, None])
         s = tl.dot(q_t, tl.trans(k_blk), input_precision=PREC) * qk_scale

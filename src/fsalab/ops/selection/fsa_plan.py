@@ -15,12 +15,12 @@ Vocabulary (all counts in elements unless stated):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 
+from .._triton import interpreting, next_pow2
 from . import worklist
 from .index import SelectionIndex
 
@@ -33,14 +33,6 @@ BUFFER_BUDGET_BYTES = 512 << 20
 SPLIT_BUDGET_BYTES = 64 << 20
 # Fewest tiles a backward program gets before long rows are split.
 MIN_SPLIT_TILES = 16
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def pow2(x: int) -> int:
-    return triton.next_power_of_2(max(1, x))
 
 
 @dataclass(frozen=True)
@@ -146,14 +138,14 @@ def fwd_tiles(G: int, D: int, block_size: int, paper: bool, dq: bool = False, in
     num_mt = (8 if inner_loop else 1) if paper else 4
     block_n = block_size if block_size * D <= 16384 else max(16, 16384 // D)
     if interpreting():  # the interpreter pays per program: fewer, larger tiles; same loop structure
-        block_m, num_mt, warps, stages = max(64, pow2(G)), min(num_mt, 2), 4, 1
+        block_m, num_mt, warps, stages = max(64, next_pow2(G)), min(num_mt, 2), 4, 1
     elif dq:
         block_m, warps, stages = (64, 8, 1) if D <= 128 else (32, 8, 1)
     elif paper:
         block_m, warps, stages = (128, 8, 2) if D <= 64 else (64, 4, 2) if D <= 128 else (32, 8, 1)
     else:
         block_m, warps, stages = (64, 4, 2) if D <= 128 else (32, 4, 2) if block_size * D <= 16384 else (32, 8, 1)
-    block_m = max(block_m, pow2(G))
+    block_m = max(block_m, next_pow2(G))
     return Tiles(block_m, block_m // G, block_n, num_mt, warps, stages)
 
 
@@ -161,9 +153,9 @@ def bwd_tiles(G: int, D: int, block_size: int) -> Tiles:
     """dK/dV tiles: fp32 dK and dV accumulators of BLOCK_N x D each live in registers."""
     block_n = min(block_size, 64)
     if interpreting():
-        block_m, warps, stages = max(64, pow2(G)), 4, 1
+        block_m, warps, stages = max(64, next_pow2(G)), 4, 1
     else:
-        block_m, warps, stages = max(32, pow2(G)), 8, (2 if D <= 128 else 1)
+        block_m, warps, stages = max(32, next_pow2(G)), 8, (2 if D <= 128 else 1)
     return Tiles(block_m, block_m // G, block_n, 0, warps, stages)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ._search import search_steps
+from .._triton import next_pow2, search_steps
 from .index_kernels import _csr_kernel, _entry_keys_kernel, _token_start_kernel
 
 # Elements per program of the planning kernels (the interpreter pays per program, the GPU
@@ -94,7 +94,7 @@ def build_selection_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, blo
 
     keys, offsets = empty(n), empty(batch + 1)
     per_token = h_kv * topk
-    ht_pad = triton.next_power_of_2(per_token)
+    ht_pad = next_pow2(per_token)
     tok = max(1, _BLOCK // ht_pad)
     _entry_keys_kernel[(max(1, triton.cdiv(total, tok)),)](
         block_idx, cu, keys, offsets, total, batch, batch_steps, topk, block_size, pad_key,

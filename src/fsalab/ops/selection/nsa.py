@@ -27,18 +27,15 @@ lse [total, h] fp32 natural log (-inf where nothing is selected, with o = 0).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from ...checks import check_kernel_call
+from .._triton import LN2_C, LOG2E, LOG2E_C, autotune, dot_precision, interpreter_meta, next_pow2
 from . import worklist
 from .index import SelectionIndex, build_selection_index, token_starts
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_LOG2E = 1.4426950408889634
 
 
 def _prune(configs, named_args, **kwargs):
@@ -48,38 +45,32 @@ def _prune(configs, named_args, **kwargs):
     return kept or [triton.Config({**configs[0].kwargs, "BLOCK_N": block_size}, num_warps=4, num_stages=3)]
 
 
-# Autotuning compiles every config once per (d, g, block_size, dtype): off under the interpreter, and
-# with FSALAB_AUTOTUNE=0 (e.g. for short GPU test runs), where the launch's default meta is used.
-_TUNE = not _INTERPRET and os.environ.get("FSALAB_AUTOTUNE", "1") != "0"
-
-
-def _autotune(configs):
-    """Autotune keyed on (d, g, block_size) when tuning is on; the bare kernel otherwise."""
-
-    def wrap(fn):
-        if not _TUNE:
-            return fn
-        prune = {"early_config_prune": _prune}
-        return triton.autotune(configs, key=["D", "G", "BLOCK_SIZE"], prune_configs_by=prune)(fn)
-
-    return wrap
-
-
-def _launch_defaults(meta: dict, block_size: int, kv_outer: bool) -> dict:
-    """Launch meta-parameters: {} when autotuned, else a config that fits any shape on sm_80+.
+def _fixed_config(block_d: int, block_size: int, kv_outer: bool) -> triton.Config:
+    """The config of a launch that is not autotuned (interpreter, FSALAB_AUTOTUNE=0): one that fits
+    any shape on sm_80+.
 
     Query-outer kernels: BLOCK_N = 64 keys (32 for d > 128), 4 warps, two stages. The KV-outer
     dk/dv kernel: 8 warps, BLOCK_M = 32 rows, BLOCK_N = 64 keys and four stages for d <= 128, 32
     keys and three stages above (spill-free on sm_90 and within shared memory even for fp32).
     BLOCK_N is capped by the block.
     """
-    if _TUNE:
-        return {}
-    wide = meta["BLOCK_D"] > 128
+    wide = block_d > 128
+    block_n = min(32 if wide else 64, block_size)
     if kv_outer:
-        return {"BLOCK_M": 32, "BLOCK_N": min(32 if wide else 64, block_size), "num_warps": 8,
-                "num_stages": 3 if wide else 4}
-    return {"BLOCK_N": min(32 if wide else 64, block_size), "num_warps": 4, "num_stages": 2}
+        return triton.Config({"BLOCK_M": 32, "BLOCK_N": block_n}, num_warps=8, num_stages=3 if wide else 4)
+    return triton.Config({"BLOCK_N": block_n}, num_warps=4, num_stages=2)
+
+
+def _autotune(configs, kv_outer: bool = False):
+    """Autotune keyed on (d, g, block_size) (``_triton.autotune``; the fixed config when untuned)."""
+    return autotune(configs, key=["D", "G", "BLOCK_SIZE"], prune=_prune,
+                    untuned=lambda args: _fixed_config(args["BLOCK_D"], args["BLOCK_SIZE"], kv_outer))
+
+
+def _launch_defaults(meta: dict, block_size: int, kv_outer: bool) -> dict:
+    """Launch meta-parameters: the fixed config under the interpreter, {} on a GPU (autotuner's)."""
+    cfg = _fixed_config(meta["BLOCK_D"], block_size, kv_outer)
+    return interpreter_meta(**cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _cfg(block_n, warps, stages, block_m=None):
@@ -171,7 +162,7 @@ def _fwd_kernel(
     seen = l > 0
     l_safe = tl.where(seen, l, 1.0)
     o = acc / l_safe[:, None]
-    lse = tl.where(seen, (m + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    lse = tl.where(seen, (m + tl.log2(l_safe)) * LN2_C, float("-inf"))
     tl.store(O + rows[:, None] * D + offs_d[None, :], o.to(O.dtype.element_ty), mask=q_mask)
     tl.store(LSE + rows, lse, mask=h_mask)
 
@@ -204,7 +195,7 @@ def _bwd_dq_kernel(
         delta -= tl.load(DLSE + rows, mask=h_mask, other=0.0)
     tl.store(DELTA + rows, delta, mask=h_mask)
     # Empty rows (lse = -inf) run no step; padded heads read 0 and contribute 0 (do = 0).
-    lse2 = tl.load(LSE + rows, mask=h_mask, other=0.0) * 1.4426950408889634
+    lse2 = tl.load(LSE + rows, mask=h_mask, other=0.0) * LOG2E_C
 
     idx_base = BLOCK_IDX + (t.to(tl.int64) * H_KV + hk) * TOPK
     steps = _num_steps(idx_base, t - start, TOPK, TOPK_PAD, BLOCK_SIZE, BLOCK_N)
@@ -263,7 +254,7 @@ def _dkdv_segment(
         mask = r_mask[:, None] & d_mask[None, :]
         q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=mask, other=0.0)
         do = tl.load(DO + rows[:, None] * D + offs_d[None, :], mask=mask, other=0.0)
-        lse2 = tl.load(LSE + rows, mask=r_mask, other=0.0) * 1.4426950408889634
+        lse2 = tl.load(LSE + rows, mask=r_mask, other=0.0) * LOG2E_C
         delta = tl.load(DELTA + rows, mask=r_mask, other=0.0)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # [BLOCK_N, BLOCK_M]
         visible = r_mask[None, :] & (key[:, None] <= tok[None, :])
@@ -275,7 +266,7 @@ def _dkdv_segment(
     return dk, dv
 
 
-@_autotune(_KV_CONFIGS)
+@_autotune(_KV_CONFIGS, kv_outer=True)
 @triton.jit
 def _bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, TOKEN_IDS, ROW_PTR, EXTRA_PTR, EXTRA_ROW, BLOCK_START, BLOCK_LEN,
@@ -376,15 +367,14 @@ def _kernel_meta(q: torch.Tensor, k: torch.Tensor, block_size: int) -> dict:
     fp32 inputs get IEEE dots (exact fp32, for tests); the precision is ignored for fp16/bf16.
     """
     h_kv, d = k.shape[1], k.shape[2]
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
     return {"H_KV": h_kv, "G": q.shape[1] // h_kv, "D": d, "BLOCK_SIZE": block_size,
-            "BLOCK_D": triton.next_power_of_2(d), "PRECISION": precision}
+            "BLOCK_D": next_pow2(d), "PRECISION": dot_precision(q.dtype)}
 
 
 def _query_meta(block_idx: torch.Tensor, g: int) -> dict:
     """Query-outer kernels: the block_idx row (tile padded to a power of two), the padded head tile."""
     topk = block_idx.shape[2]
-    return {"TOPK": topk, "TOPK_PAD": triton.next_power_of_2(topk), "BLOCK_H": max(16, triton.next_power_of_2(g))}
+    return {"TOPK": topk, "TOPK_PAD": next_pow2(topk), "BLOCK_H": max(16, next_pow2(g))}
 
 
 def _forward(q, k, v, block_idx, cu_seqlens, block_size, scale, prefetch=True):
@@ -397,7 +387,7 @@ def _forward(q, k, v, block_idx, cu_seqlens, block_size, scale, prefetch=True):
         return o, lse, tok_start
     meta = _kernel_meta(q, k, block_size)
     _fwd_kernel[(total, meta["H_KV"])](
-        q, k, v, o, lse, block_idx, tok_start, scale * _LOG2E, PREFETCH=prefetch, **meta,
+        q, k, v, o, lse, block_idx, tok_start, scale * LOG2E, PREFETCH=prefetch, **meta,
         **_query_meta(block_idx, meta["G"]), **_launch_defaults(meta, block_size, kv_outer=False),
     )  # fmt: skip
     return o, lse, tok_start
@@ -410,7 +400,7 @@ def _bwd_dq(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale, 
     delta = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     _bwd_dq_kernel[(q.shape[0], meta["H_KV"])](
         q, k, v, o, do, lse, dlse if dlse is not None else lse, delta, dq, block_idx, tok_start,
-        scale, scale * _LOG2E, HAS_DLSE=dlse is not None, PREFETCH=prefetch, **meta,
+        scale, scale * LOG2E, HAS_DLSE=dlse is not None, PREFETCH=prefetch, **meta,
         **_query_meta(block_idx, meta["G"]), **_launch_defaults(meta, block_size, kv_outer=False),
     )  # fmt: skip
     return dq, delta
@@ -447,7 +437,7 @@ def _bwd_dkdv(q, k, v, do, lse, delta, token_ids, row_ptr, plan, block_size, sca
     buf_dv = torch.empty_like(buf_dk)
     _bwd_dkdv_kernel[lambda launch: ((max_extra + num_rows) * (block_size // launch["BLOCK_N"]),)](
         q, k, v, do, lse, delta, dk, dv, token_ids, row_ptr, *common, buf_dk, buf_dv,
-        scale, scale * _LOG2E, capacity, num_rows, max_extra, SEG=plan["seg"], PREFETCH=prefetch,
+        scale, scale * LOG2E, capacity, num_rows, max_extra, SEG=plan["seg"], PREFETCH=prefetch,
         **meta, **_launch_defaults(meta, block_size, kv_outer=True),
     )  # fmt: skip
     if max_extra > 0:

@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._search import count_below, search_steps
+from .._triton import search_steps
+from ._search import count_below
 
 # Per-row counts of scan_rows, for a row of len entries and items of per_item entries:
 NONE = tl.constexpr(0)  # no scan

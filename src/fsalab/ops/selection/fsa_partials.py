@@ -1,5 +1,6 @@
-"""FSA's KV-block-outer kernels that write one partial result per (token, block) entry, and
-the token-outer kernel that merges each token's partials (no atomics anywhere).
+"""FSA's KV-block-outer partial kernel — one partial result per (token, block) entry, for the
+forward (STATS, PAPER, FAST) and for the dq of the backward (DQ) — and the token-outer kernel
+that merges each token's partials (no atomics anywhere).
 
 ``_partial_kernel`` runs one program per (CSR row = (KV head, block), range of the row's
 tokens[, query head]). It loads the block's K/V once, then gathers the non-contiguous selecting
@@ -32,8 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
+from .._triton import LN2_C, LOG2E_C
 
 # _partial_kernel modes
 STATS = tl.constexpr(0)
@@ -129,7 +129,7 @@ def _partial_kernel(
         )
         q_t = tl.load(q + qp, mask=qmask, other=0.0)
         if MODE == PAPER or MODE == DQ:
-            lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E
+            lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E_C
         if MODE == DQ:
             do_t = tl.load(do + qp, mask=qmask, other=0.0)
             dl = tl.load(delta + lp, mask=valid, other=0.0)
@@ -212,7 +212,7 @@ def _merge_kernel(
         m_use = tl.where(m == float("-inf"), 0.0, m)
         l = tl.sum(tl.exp2(x - m_use[:, None]), 1)
         lse2 = m_use + tl.log2(tl.where(l > 0, l, 1.0))  # finite: rows with no partials get weight 0
-        tl.store(lse_out + t64 * stride_lt + hq, tl.where(l > 0, lse2 * LN2, float("-inf")), mask=valid)
+        tl.store(lse_out + t64 * stride_lt + hq, tl.where(l > 0, lse2 * LN2_C, float("-inf")), mask=valid)
 
     if MODE != LSE_ONLY:
         acc = tl.zeros([BLOCK_R, D], tl.float32)

@@ -1,0 +1,131 @@
+"""Triton plumbing shared by every kernel module of ``fsalab.ops``.
+
+- ``INTERPRET`` / ``interpreting()``: kernels run through the Triton interpreter
+  (``TRITON_INTERPRET=1``, the CPU test path), read once at import.
+- ``TUNE``: autotuning is on (a GPU, and ``FSALAB_AUTOTUNE`` is not ``0``).
+- ``autotune(configs, key, ...)``: the decorator every autotuned kernel uses, with one behaviour:
+
+  ============================  ===============================================================
+  interpreter                   the bare kernel; each launch passes its (small) interpreter tiles
+                                (``interpreter_meta``)
+  GPU                           ``triton.autotune``: every config that survives ``prune`` timed
+                                once per key
+  GPU, ``FSALAB_AUTOTUNE=0``    no timing: the config ``untuned`` picks for the launch, or else
+                                the first config that survives ``prune`` (for short GPU test runs)
+  ============================  ===============================================================
+
+- ``LOG2E``, ``LN2`` (Python floats, for host-side scales) and ``LOG2E_C``, ``LN2_C``
+  (``tl.constexpr``, for kernels): exp2/log2 conversions of the online softmaxes.
+- ``next_pow2(x)``, ``search_steps(n)``, ``dot_precision(dtype)``: launch arithmetic.
+- ``patch_interpreter()``: the interpreter fix below, applied when this module is imported.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+TUNE = not INTERPRET and os.environ.get("FSALAB_AUTOTUNE", "1") != "0"
+
+LOG2E = 1.0 / math.log(2.0)
+LN2 = math.log(2.0)
+LOG2E_C = tl.constexpr(LOG2E)
+LN2_C = tl.constexpr(LN2)
+
+
+def interpreting() -> bool:
+    """Whether the kernels run through the Triton interpreter (read at import)."""
+    return INTERPRET
+
+
+def next_pow2(x: int) -> int:
+    """Smallest power of two >= x (1 for x <= 1)."""
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def search_steps(n: int) -> int:
+    """Iterations that resolve an index among n sorted elements, for every search of the kernels:
+    bisection of [lo, hi) (each halves the open interval) and binary lifting (jumps of
+    2^(steps-1) ... 1, each guarded by the bound). One more than needed is harmless."""
+    return max(int(n), 0).bit_length()
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot`` input precision: fp32 inputs multiply in true fp32 (tests compare exactly);
+    fp16/bf16 ignore the setting."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def interpreter_meta(**tiles) -> dict:
+    """Launch meta-parameters of an autotuned kernel: ``tiles`` under the interpreter (where the
+    kernel is bare), nothing on a GPU (the autotuner supplies them)."""
+    return tiles if INTERPRET else {}
+
+
+def _no_timing(kernel_call, quantiles):
+    return [0.0] * len(quantiles)
+
+
+def autotune(
+    configs: list[triton.Config],
+    key: list[str],
+    prune: Callable | None = None,
+    untuned: Callable[[dict], triton.Config] | None = None,
+    **kwargs,
+):
+    """Decorator of an autotuned kernel (the table in the module docstring).
+
+    prune(configs, named_args, **kwargs) -> configs: Triton's ``early_config_prune``.
+    untuned({**named_args, **kwargs}) -> Config: the config of a launch when FSALAB_AUTOTUNE=0
+    (default: the first config ``prune`` keeps). Other keyword arguments go to
+    ``triton.autotune`` (``reset_to_zero``, ...).
+    """
+
+    def first(configs_, named_args, **kw):
+        if untuned is not None:
+            return [untuned({**named_args, **kw})]
+        return list(prune(configs_, named_args, **kw) if prune else configs_)[:1]
+
+    def wrap(fn):
+        if INTERPRET:
+            return fn
+        if TUNE:
+            pruning = {"early_config_prune": prune} if prune else None
+            return triton.autotune(configs, key=key, prune_configs_by=pruning, **kwargs)(fn)
+        return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": first},
+                               do_bench=_no_timing, **kwargs)(fn)
+
+    return wrap
+
+
+def patch_interpreter() -> None:
+    """Compatibility of the Triton interpreter with numpy >= 2.4.
+
+    The interpreter keeps scalars as 1-element arrays and turns them into Python ints with
+    ``int(array)`` when a loaded value is a loop bound; numpy 2.4 rejects that for arrays with
+    ndim > 0. The patch gives interpreted tensors an ``__index__`` that reads the single element.
+    It is idempotent and does nothing when the interpreter's internals differ from what it expects.
+    """
+    if not INTERPRET:
+        return
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "_fsalab_fixed", False):
+        return
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._fsalab_fixed = True
+    interpreter._patch_lang_tensor = patched
+
+
+patch_interpreter()

@@ -1,0 +1,104 @@
+"""The shared Triton plumbing of fsalab.ops (``ops/_triton.py``): one autotune behaviour, one
+search-step formula, and no kernel module with its own copy."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import triton
+
+from fsalab.ops import _triton
+
+OPS = Path(_triton.__file__).parent
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=4, num_stages=2) for b in (128, 64, 32)]
+
+
+def _kernel(x, BLOCK: triton.language.constexpr):  # never launched: only wrapped
+    pass
+
+
+def _prune_small(configs, named_args, **kwargs):
+    return [c for c in configs if c.kwargs["BLOCK"] <= named_args["limit"]]
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """The decorator as it behaves on a GPU, with or without FSALAB_AUTOTUNE=0."""
+    monkeypatch.setattr(_triton, "INTERPRET", False)
+
+    def mode(tune: bool):
+        monkeypatch.setattr(_triton, "TUNE", tune)
+
+    return mode
+
+
+def test_interpreter_gets_the_bare_kernel(monkeypatch):
+    monkeypatch.setattr(_triton, "INTERPRET", True)
+    assert _triton.autotune(CONFIGS, key=["x"])(_kernel) is _kernel
+    assert _triton.interpreter_meta(BLOCK=16) == {"BLOCK": 16}
+
+
+def test_gpu_tunes_every_config_that_survives_pruning(on_gpu):
+    on_gpu(True)
+    tuner = _triton.autotune(CONFIGS, key=["x"], prune=_prune_small)(triton.jit(_kernel))
+    assert isinstance(tuner, triton.runtime.Autotuner)
+    assert tuner.configs == CONFIGS
+    assert tuner.early_config_prune(CONFIGS, {"limit": 64}) == CONFIGS[1:]
+    assert tuner._do_bench is None  # Triton's own timing
+
+
+def test_untuned_gpu_runs_the_first_surviving_config_without_timing(on_gpu):
+    on_gpu(False)
+    tuner = _triton.autotune(CONFIGS, key=["x"], prune=_prune_small)(triton.jit(_kernel))
+    assert tuner.early_config_prune(CONFIGS, {"limit": 64}) == [CONFIGS[1]]
+    assert tuner.do_bench([0.5, 0.2, 0.8].__len__, quantiles=(0.5, 0.2, 0.8)) == [0.0, 0.0, 0.0]
+    fixed = triton.Config({"BLOCK": 16}, num_warps=1, num_stages=1)
+    tuner = _triton.autotune(CONFIGS, key=["x"], untuned=lambda args: fixed)(triton.jit(_kernel))
+    assert tuner.early_config_prune(CONFIGS, {"limit": 64}) == [fixed]
+    assert _triton.interpreter_meta(BLOCK=16) == {}
+
+
+@pytest.mark.parametrize("n", range(0, 300))
+def test_search_steps_resolve_both_searches(n):
+    """Bisection of [0, n) and binary lifting over n sorted offsets find the last offset <= x."""
+    steps = _triton.search_steps(n)
+    offsets = [3 * i for i in range(n)]
+    for x in range(-1, 3 * n + 2):
+        want = max((i for i, o in enumerate(offsets) if o <= x), default=0)
+        lo, hi = 0, n  # bisection, as ops/flash.py's _tile_of
+        for _ in range(steps):
+            mid = (lo + hi) // 2
+            if mid < n and offsets[mid] <= x:
+                lo = mid
+            else:
+                hi = mid
+        lift = 0  # binary lifting, as ops/compression.py's _window_rows
+        for it in range(steps):
+            cand = lift + (1 << (steps - 1 - it))
+            if cand < n and offsets[cand] <= x:
+                lift = cand
+        assert lift == want
+        if n:
+            assert lo == want
+
+
+def test_next_pow2():
+    assert [_triton.next_pow2(x) for x in (0, 1, 2, 3, 4, 5, 16, 17)] == [1, 1, 2, 4, 4, 8, 16, 32]
+    assert all(_triton.next_pow2(x) == triton.next_power_of_2(x) for x in range(1, 5000))
+
+
+def test_constants():
+    assert _triton.LOG2E * _triton.LN2 == pytest.approx(1.0, abs=1e-15)
+    assert _triton.LOG2E_C.value == _triton.LOG2E and _triton.LN2_C.value == _triton.LN2
+
+
+# What lives once, in _triton.py: interpreter and autotune switches, autotune wrapping, powers of two.
+_COPIES = re.compile(r"environ\.get\(\"(TRITON_INTERPRET|FSALAB_AUTOTUNE)\"|triton\.autotune\(|next_power_of_2|0\.6931471805599453")
+
+
+def test_no_kernel_module_keeps_its_own_copy():
+    found = [f"{p.relative_to(OPS)}:{i}" for p in sorted(OPS.rglob("*.py")) if p.name != "_triton.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1) if _COPIES.search(line)]
+    assert not found, found

@@ -47,6 +47,7 @@ from ..checks import (
 from ..config import NSAConfig
 from ..varlen import compressed_capacity
 from ._triton import LOG2E as _LOG2E
+from ._triton import LOG2E_C
 from ._triton import autotune as _autotune
 from ._triton import dot_precision as _dot_precision
 from ._triton import interpreter_meta as _meta
@@ -411,7 +412,7 @@ def _select_rows(q_ptr, lse_ptr, start, n, t0, head0, n_heads, s_qt, s_qh, s_lt,
     q = tl.load(q_ptr + tok[:, None] * s_qt + row_head[:, None] * s_qh + dd[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     lse = tl.load(lse_ptr + tok * s_lt + row_head * s_lh, mask=row_ok, other=float("-inf")).to(tl.float32)
     live = row_ok & (lse > float("-inf"))  # heads that see nothing contribute p = 0
-    return q, tl.where(live, lse * 1.4426950408889634, 0.0), live
+    return q, tl.where(live, lse * LOG2E_C, 0.0), live
 
 
 def _prune_select(configs, named_args, **kwargs):
@@ -433,14 +434,7 @@ def _head_parts(g: int) -> tuple[int, int]:
     return (g_hi, g_lo) if g_hi + g_lo < g_p else (g_p, 0)
 
 
-def _select_autotune(fn):
-    if _INTERPRET:
-        return fn
-    return triton.autotune(_SELECT_CONFIGS, key=["G_HI", "G_LO_P", "HEAD_DIM", "BS", "TOPK"],
-                           prune_configs_by={"early_config_prune": _prune_select})(fn)
-
-
-@_select_autotune
+@_autotune(_SELECT_CONFIGS, key=["G_HI", "G_LO_P", "HEAD_DIM", "BS", "TOPK"], prune=_prune_select)
 @triton.jit
 def _select_kernel(
     q_ptr, kc_ptr, lse_ptr, cu_ptr, cuc_ptr, out_ptr,

@@ -16,7 +16,8 @@
 
 - ``LOG2E``, ``LN2`` (Python floats, for host-side scales) and ``LOG2E_C``, ``LN2_C``
   (``tl.constexpr``, for kernels): exp2/log2 conversions of the online softmaxes.
-- ``next_pow2(x)``, ``search_steps(n)``, ``dot_precision(dtype)``: launch arithmetic.
+- ``next_pow2(x)``, ``search_steps(n)``, ``dot_precision(dtype)``: launch arithmetic;
+  ``tile_config`` builds an autotune config, ``unit_last_stride`` the layout the loads assume.
 - ``patch_interpreter()``: the interpreter fix below, applied when this module is imported.
 """
 
@@ -60,6 +61,17 @@ def dot_precision(dtype: torch.dtype) -> str:
     """``tl.dot`` input precision: fp32 inputs multiply in true fp32 (tests compare exactly);
     fp16/bf16 ignore the setting."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def tile_config(warps: int, stages: int, **tiles) -> triton.Config:
+    """An autotune config: the kernel's tile sizes ``tiles`` with ``warps`` warps, ``stages`` stages."""
+    return triton.Config(tiles, num_warps=warps, num_stages=stages)
+
+
+def unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dimension is contiguous (what the kernels' loads assume), else a
+    contiguous copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def interpreter_meta(**tiles) -> dict:

@@ -41,7 +41,17 @@ import triton
 import triton.language as tl
 
 from ..checks import KERNEL_DTYPES, check_attention_inputs, check_tensor
-from ._triton import INTERPRET, LN2_C, LOG2E, autotune, dot_precision, interpreter_meta, next_pow2, search_steps
+from ._triton import (
+    INTERPRET,
+    LN2_C,
+    LOG2E,
+    autotune,
+    dot_precision,
+    interpreter_meta,
+    next_pow2,
+    search_steps,
+    unit_last_stride,
+)
 MASKS = ("window", "compressed")
 # Window of masks without one: wider than any sequence, yet window + positions stays in int32.
 NO_WINDOW = 1 << 30
@@ -643,7 +653,7 @@ def flash_attention(
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[2])
     if not math.isfinite(scale) or scale <= 0:  # the backward works with lse / scale and -inf masks
         raise ValueError(f"scale must be a positive finite float, got {scale!r}")
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q, k, v = (unit_last_stride(x) for x in (q, k, v))
     return FlashAttention.apply(
         q, k, v, cu_seqlens_q, cu_seqlens_k, key_stride, key_offset, window, float(scale), mask == "compressed",
         bool(deterministic),

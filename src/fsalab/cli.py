@@ -9,6 +9,7 @@
     fsalab bench-train|bench-prefill|bench-convergence ...   end-to-end runners (fsalab.bench.*)
     fsalab theory --experiment theory --out results/<platform>/theory.csv
     fsalab aggregate --experiment kernel [--platform h200]        -> results/<platform>/kernel.csv
+    fsalab migrate-ids                           rename result files to the ids their parameters give
     fsalab notebook analysis/kernel.ipynb --platform h200 --figures paper_figures
     fsalab reproduction --platform h200 --out REPRODUCTION.md
 
@@ -121,11 +122,12 @@ def cmd_bench_kernel(args) -> int:
         import re
 
         points = [p for p in grid.expand(exp) if re.search(args.filter, p["id"])]
-        kernel.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, runner=run_point)
+        kernel.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, runner=run_point,
+                          force=args.force)
         return 0
-    row = run_point(point, exp, device, platform)
+    row = kernel.run_safely(run_point, point, exp, device, platform)
     out = args.out or kernel.result_path(args.results_dir, platform, point["experiment"], point["id"])
-    kernel.write_row(row, out)
+    kernel.write_row(row, out, args.force)
     median = f"{row['median_ms']:.4f} ms" if row.get("median_ms") is not None else row["message"][:200]
     print(f"{point['id']}: {row['status']} {median} -> {out}", file=sys.stderr)
     return 0
@@ -165,11 +167,23 @@ def cmd_theory(args) -> int:
 
 def cmd_aggregate(args) -> int:
     from . import results
+    from .bench.grid import experiment_path
 
     platform = args.platform or _detect_platform_quiet()
     for exp in args.experiment:
-        out = results.aggregate(platform, exp, args.results_dir, args.out if len(args.experiment) == 1 else None)
+        experiment_path(exp)  # an unknown name is an error listing the known ones, not an empty CSV
+    for exp in args.experiment:
+        out = results.aggregate(platform, exp, args.results_dir, args.out if len(args.experiment) == 1 else None,
+                                force=args.force)
         print(f"{out}", file=sys.stderr)
+    return 0
+
+
+def cmd_migrate_ids(args) -> int:
+    from . import results
+
+    for old, new in results.migrate_point_ids(args.results_dir, dry_run=args.dry_run):
+        print(f"{old} -> {new}")
     return 0
 
 
@@ -220,6 +234,8 @@ def kernel_parser(sub, command: str, experiment_args) -> None:
     p.add_argument("--out", help="result file (default results/<platform>/<experiment>/<point>.json)")
     p.add_argument("--results-dir", default="results")
     p.add_argument("--platform", help="override the detected platform name")
+    p.add_argument("--force", action="store_true",
+                   help="write even into another machine's results folder or over its row (importing copies)")
     for flag in _PARAM_FLAGS:
         kind = str if flag in ("op", "impl", "direction", "dtype", "label") else int
         p.add_argument(f"--{flag.replace('_', '-')}" if flag != "N" else "--N", dest=flag, type=kind)
@@ -259,7 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--platform")
     p.add_argument("--results-dir", default="results")
     p.add_argument("--out", help="output CSV (one experiment only)")
+    p.add_argument("--force", action="store_true", help="aggregate rows measured on another machine too")
     p.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("migrate-ids", help="rename result files whose point id is not the one their parameters give")
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--dry-run", action="store_true", help="print the renames only")
+    p.set_defaults(func=cmd_migrate_ids)
 
     p = sub.add_parser("notebook", help="execute an analysis notebook headless")
     p.add_argument("notebook")
@@ -282,10 +304,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (``fsalab``)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in FORWARDED:
-        return forward(argv[0], argv[1:])
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        if argv and argv[0] in FORWARDED:
+            return forward(argv[0], argv[1:])
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except ValueError as exc:  # bad configs, unknown names, a row bound for another machine's folder
+        print(f"fsalab: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -125,8 +125,9 @@ def cmd_bench_kernel(args) -> int:
         kernel.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, runner=run_point,
                           force=args.force)
         return 0
-    row = kernel.run_safely(run_point, point, exp, device, platform)
     out = args.out or kernel.result_path(args.results_dir, platform, point["experiment"], point["id"])
+    kernel.check_writable(out, platform, args.force)
+    row = kernel.run_safely(run_point, point, exp, device, platform)
     kernel.write_row(row, out, args.force)
     median = f"{row['median_ms']:.4f} ms" if row.get("median_ms") is not None else row["message"][:200]
     print(f"{point['id']}: {row['status']} {median} -> {out}", file=sys.stderr)
@@ -167,12 +168,12 @@ def cmd_theory(args) -> int:
 
 def cmd_aggregate(args) -> int:
     from . import results
-    from .bench.grid import experiment_path
+    from .bench.grid import load_experiment
 
     platform = args.platform or _detect_platform_quiet()
-    for exp in args.experiment:
-        experiment_path(exp)  # an unknown name is an error listing the known ones, not an empty CSV
-    for exp in args.experiment:
+    # Names (or YAML paths) of real experiments: an unknown one is an error listing the known ones, not an empty CSV.
+    names = [load_experiment(exp)["experiment"] for exp in args.experiment]
+    for exp in names:
         out = results.aggregate(platform, exp, args.results_dir, args.out if len(args.experiment) == 1 else None,
                                 force=args.force)
         print(f"{out}", file=sys.stderr)
@@ -194,23 +195,59 @@ def _detect_platform_quiet() -> str:
     return detect_platform()
 
 
+def replace_dir(new: Path, dest: Path) -> None:
+    """Put folder ``new`` (on dest's file system) in place of ``dest``: the old folder moves
+    aside first and is deleted only once ``new`` is in place."""
+    import shutil
+
+    old = dest.with_name(f".{dest.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if dest.exists():
+        dest.rename(old)
+    new.rename(dest)
+    if old.exists():
+        shutil.rmtree(old)
+
+
 def cmd_notebook(args) -> int:
+    import shutil
+    import tempfile
+
     import nbformat
     from nbclient import NotebookClient
 
     from .bench.grid import repo_root
 
+    dest = Path(args.figures).resolve()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # Figures go to a temporary folder beside dest and replace it only when every cell ran.
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    staging.chmod(0o755)
     os.environ["FSALAB_PLATFORM_RESULTS"] = args.platform
-    os.environ["FSALAB_FIGURES"] = str(Path(args.figures).resolve())
+    os.environ["FSALAB_FIGURES"] = str(staging)
     if args.results_dir:
         os.environ["FSALAB_RESULTS"] = str(Path(args.results_dir).resolve())
     nb = nbformat.read(args.notebook, as_version=4)
     client = NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(repo_root())}})
-    client.execute()
-    if args.executed:
-        Path(args.executed).parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, args.executed)
+    try:
+        client.execute()
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        if args.executed:
+            Path(args.executed).parent.mkdir(parents=True, exist_ok=True)
+            nbformat.write(nb, args.executed)
+    replace_dir(staging, dest)
+    for target in map(Path, args.publish or []):
+        target = target.resolve()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        copy = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent)) / "figures"
+        shutil.copytree(dest, copy, ignore=shutil.ignore_patterns(".snakemake_timestamp"))
+        replace_dir(copy, target)
+        copy.parent.rmdir()
     return 0
 
 
@@ -271,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_theory)
 
     p = sub.add_parser("aggregate", help="point files -> results/<platform>/<experiment>.csv")
-    p.add_argument("--experiment", nargs="+", required=True)
+    p.add_argument("--experiment", nargs="+", required=True, help="experiments/<name>.yaml (names or paths)")
     p.add_argument("--platform")
     p.add_argument("--results-dir", default="results")
     p.add_argument("--out", help="output CSV (one experiment only)")
@@ -286,7 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("notebook", help="execute an analysis notebook headless")
     p.add_argument("notebook")
     p.add_argument("--platform", required=True, help="results/<platform>/ to read")
-    p.add_argument("--figures", required=True, help="folder for figures and tables")
+    p.add_argument("--figures", required=True, help="folder for figures and tables (replaced only if the notebook runs)")
+    p.add_argument("--publish", action="append",
+                   help="also copy the finished folder here, replacing it (paper_figures/<notebook>; repeatable)")
     p.add_argument("--results-dir")
     p.add_argument("--executed", help="where to save the executed notebook")
     p.add_argument("--timeout", type=int, default=900, help="per-cell timeout in seconds")

@@ -27,7 +27,7 @@ import torch
 from . import ops
 from .check import check, with_leaves
 from .inputs import attended_keys, input_key, make_inputs
-from .provenance import check_destination, detect_platform, provenance
+from .provenance import check_destination, detect_platform, machine_platform, provenance
 from .timing import measure, peak_memory
 
 STATUSES = ("ok", "oom", "error", "unsupported")
@@ -200,6 +200,15 @@ def write_row(row: dict, path: str | Path, force: bool = False) -> Path:
     return path
 
 
+def check_writable(path: str | Path, platform: str, force: bool = False) -> None:
+    """What ``write_row`` would refuse, checked before anything is measured: PlatformMismatch
+    when this machine may not write ``path`` in ``results/<platform>/``."""
+    path = Path(path)
+    existing = json.loads(path.read_text()) if path.is_file() else None
+    mine = {"provenance": {"machine": machine_platform()}, "point": path.stem, "experiment": path.parent.name}
+    check_destination(mine, platform, existing, force)
+
+
 def run_points(
     points: list[dict], exp: dict, device: torch.device, results_dir: str | Path, platform: str | None = None,
     skip_existing: bool = False, stream=sys.stderr, runner=None, force: bool = False,
@@ -213,9 +222,12 @@ def run_points(
     platform = platform or detect_platform()
     # Points sharing inputs run back to back (every impl and direction of one grid point in turn).
     points = sorted(points, key=lambda p: repr(input_key(p)))
+    paths = [result_path(results_dir, platform, p["experiment"], p["id"]) for p in points]
+    for path in paths:  # refuse the whole sweep up front, before any file is written
+        if not (skip_existing and path.exists()):
+            check_writable(path, platform, force)
     written, t0 = [], time.time()
-    for i, p in enumerate(points, 1):
-        path = result_path(results_dir, platform, p["experiment"], p["id"])
+    for i, (p, path) in enumerate(zip(points, paths), 1):
         if skip_existing and path.exists():
             print(f"[{i}/{len(points)}] {p['id']}: exists, skipped", file=stream, flush=True)
             continue

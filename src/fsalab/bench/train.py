@@ -548,7 +548,7 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
     add_point_args(ap)
     args = ap.parse_args(argv)
     device = fsdp.setup_device()  # first: selects the Triton interpreter before triton is imported
-    from .kernel import result_path, run_safely, write_row
+    from .kernel import check_writable, result_path, run_safely, write_row
     from .provenance import detect_platform
 
     exp = load_experiment(args.experiment, args.smoke) if args.experiment else {"experiment": op, "runner": {"train_step": "train"}.get(op, op), "grid": []}
@@ -583,21 +583,25 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
         points = [p]
     platform = args.platform or detect_platform()
     results = Path(args.results_dir) if args.results_dir else repo_root() / "results"
+    writes = bool(args.out or args.point or args.all)
+    paths = [Path(args.out) if args.out else result_path(results, platform, p["experiment"], p["id"]) for p in points]
+    for path in paths if writes else []:  # refuse before measuring anything (another machine's folder)
+        if not (args.skip_existing and path.exists()):
+            check_writable(path, platform, args.force)
     status = 0
-    for i, p in enumerate(points, 1):
-        path = Path(args.out) if args.out else result_path(results, platform, p["experiment"], p["id"])
+    for i, (p, path) in enumerate(zip(points, paths), 1):
         if args.skip_existing and path.exists():
             continue
         row = run_safely(runner, p, exp, device, platform)
         if fsdp.rank() == 0:
-            if args.out or args.point or args.all:
+            if writes:
                 write_row(row, path, args.force)
             lat = f"{row['median_ms']:.1f} ms" if row.get("median_ms") is not None else row["message"][:120]
             print(f"[{i}/{len(points)}] {p['id']}: {row['status']} {lat}", file=sys.stderr, flush=True)
-            if not (args.out or args.point or args.all):
+            if not writes:
                 print(json.dumps({k: v for k, v in row.items() if k not in ("provenance", "samples_ms")}, indent=1,
                                  default=str))
-        if not (args.out or args.point or args.all):
+        if not writes:
             status = status or (row["status"] not in ("ok", "oom", "unsupported"))
     fsdp.teardown()
     return int(status)

@@ -136,6 +136,21 @@ def test_kernel_point_ids_differ_in_every_measured_parameter(key, value):
     assert other["id"] == grid.expand(_load(_exp(defaults={key: value})))[0]["id"]  # stable
 
 
+def test_edited_yaml_measures_new_points_and_keeps_the_old_files_out_of_the_table(tmp_path):
+    """kernel_size edited in a YAML: new ids, so the workflow re-measures them (no "Nothing to be
+    done"); the old rows stay on disk, and the aggregate of the grid's points holds only the new."""
+    before = _load(_exp(grid_axes={"N": [32]}))
+    after = _load(_exp(grid_axes={"N": [32]}, defaults={"kernel_size": 32, "block_size": 32}))
+    for exp in (before, after):
+        kernel.run_points(grid.expand(exp), exp, torch.device("cpu"), tmp_path, "unit-cpu", stream=None)
+    files = _rows(tmp_path / "unit-cpu" / "unit")
+    ids = [p["id"] for p in grid.expand(after)]
+    assert len(files) == 2 and set(ids) < set(files)
+    out = results.aggregate("unit-cpu", "unit", tmp_path, points=ids)
+    table = results.load_table("unit-cpu", "unit", tmp_path)
+    assert out.is_file() and list(table["point"]) == ids and list(table["kernel_size"]) == [32]
+
+
 def test_label_alone_does_not_change_an_id():
     assert grid.expand(_load(_exp(defaults={"label": "a"})))[0]["id"] == grid.expand(_load(_exp()))[0]["id"]
 

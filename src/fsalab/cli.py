@@ -174,8 +174,9 @@ def cmd_aggregate(args) -> int:
     # Names (or YAML paths) of real experiments: an unknown one is an error listing the known ones, not an empty CSV.
     names = [load_experiment(exp)["experiment"] for exp in args.experiment]
     for exp in names:
+        points = [Path(f).stem for f in args.points] if args.points is not None else None
         out = results.aggregate(platform, exp, args.results_dir, args.out if len(args.experiment) == 1 else None,
-                                force=args.force)
+                                force=args.force, points=points)
         print(f"{out}", file=sys.stderr)
     return 0
 
@@ -313,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results-dir", default="results")
     p.add_argument("--out", help="output CSV (one experiment only)")
     p.add_argument("--force", action="store_true", help="aggregate rows measured on another machine too")
+    p.add_argument("--points", nargs="*", help="only these point files (one experiment; default: every file of the folder)")
     p.set_defaults(func=cmd_aggregate)
 
     p = sub.add_parser("migrate-ids", help="rename result files whose point id is not the one their parameters give")

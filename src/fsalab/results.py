@@ -78,12 +78,15 @@ def flatten(row: dict) -> dict:
     return flat
 
 
-def load_rows(platform: str, experiment: str, results_dir: str | Path | None = None) -> list[dict]:
-    """Every JSON row of ``results/<platform>/<experiment>/``, schema-checked, sorted by point."""
+def load_rows(platform: str, experiment: str, results_dir: str | Path | None = None,
+              points: list[str] | None = None) -> list[dict]:
+    """Every JSON row of ``results/<platform>/<experiment>/`` (only the point ids ``points`` if
+    given: a missing one is an error), schema-checked, sorted by point."""
     folder = results_root(results_dir) / platform / experiment
     schema = load_schema("result")
     rows = []
-    for path in sorted(folder.glob("*.json")):
+    paths = sorted(folder.glob("*.json")) if points is None else [folder / f"{p}.json" for p in sorted(points)]
+    for path in paths:
         rows.append(validate(json.loads(path.read_text()), schema, str(path)))
     return rows
 
@@ -109,10 +112,12 @@ def check_machines(platform: str, rows: list[dict]) -> None:
 
 
 def aggregate(platform: str, experiment: str, results_dir: str | Path | None = None, out: str | Path | None = None,
-              force: bool = False) -> Path:
-    """Write ``results/<platform>/<experiment>.csv`` from the point files; returns its path.
+              force: bool = False, points: list[str] | None = None) -> Path:
+    """Write ``results/<platform>/<experiment>.csv`` from the point files (every file of the
+    folder, or the point ids ``points``: the workflow passes its grid's, so files of points no
+    longer in the grid stay on disk but out of the table); returns its path.
     Rows measured on another machine than the folder's are refused unless ``force``."""
-    rows = load_rows(platform, experiment, results_dir)
+    rows = load_rows(platform, experiment, results_dir, points)
     if not force:
         check_machines(platform, rows)
     df = to_frame(rows)

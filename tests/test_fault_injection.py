@@ -267,14 +267,21 @@ def test_kernel_config_typos_are_rejected(change, message):
         grid.expand(_load(exp))
 
 
-@pytest.mark.parametrize("defaults, message", [
-    ({"layerz": 1}, "layerz"), ({"model": "llama9"}, "llama9"), ({"impl": "fsaa"}, "fsaa"),
+@pytest.mark.parametrize("axes, message", [
+    ({"layerz": [1]}, "layerz"), ({"model": ["llama9"]}, "llama9"), ({"impl": ["fsaa"]}, "fsaa"),
 ])
-def test_end_to_end_config_typos_are_rejected(defaults, message):
+def test_end_to_end_config_typos_are_rejected(axes, message):
     exp = grid.load_experiment("train", smoke=True)
-    exp["defaults"] = {**exp["defaults"], **defaults}
+    exp["grid"][0].update(axes)
     with pytest.raises(ValueError, match=message):
         grid.expand(_load(exp))
+
+
+def test_end_to_end_schema_knows_exactly_the_runners_parameters():
+    """$defs/e2e_params lists every parameter the end-to-end runners default (so none is
+    rejected) and nothing else (so a typo is)."""
+    keys = set(grid.load_schema("experiment")["$defs"]["e2e_params"]["properties"])
+    assert keys == set().union(*(grid.e2e_base(r) for r in grid.E2E_RUNNERS)) | set(grid.E2E_REQUIRED)
 
 
 @pytest.mark.parametrize("command", [["points"], ["aggregate", "--platform", "unit"], ["bench-kernel", "--all"],
@@ -317,7 +324,8 @@ def test_failing_notebook_keeps_the_figures(tmp_path):
     with pytest.raises(Exception, match="corrupt CSV"):
         cli.main(["notebook", str(_notebook(tmp_path, code)), "--platform", "unit", "--figures", str(figures)])
     assert [p.name for p in (tmp_path / "paper_figures").iterdir()] == ["t"]  # no staging folder left
-    assert [p.name for p in figures.iterdir()] == ["figure.png"] and (figures / "figure.png").read_bytes() == b"committed"
+    assert [p.name for p in figures.iterdir()] == ["figure.png"]
+    assert (figures / "figure.png").read_bytes() == b"committed"
 
 
 def test_finished_notebook_replaces_and_publishes(tmp_path):
@@ -359,7 +367,7 @@ def test_reference_ops_keep_nan_causal_and_in_its_sequence(op, where):
     """A NaN in token 0 of the second sequence (where masked keys used to be gathered from) and
     in token 5 of the first: only tokens at or after it, of its own sequence, may see it."""
     lengths, bs = [40, 40], 16
-    cfg = NSAConfig(kernel_size=16, kernel_stride=16, block_size=bs, topk=2, window_size=16)
+    cfg = NSAConfig(kernel_size=16, kernel_stride=16, block_size=bs, topk=3, window_size=16)
     q, k, v, cu = _qkv(lengths)
     for token in (40, 5):
         x = {"k": k.clone(), "v": v.clone()}
@@ -370,8 +378,8 @@ def test_reference_ops_keep_nan_causal_and_in_its_sequence(op, where):
         elif op == "window":
             o, _ = reference.window_attention(q, x["k"], x["v"], cu, cfg.window_size)
         else:
-            k_cmp, v_cmp, cu_cmp = reference.compress_kv(x["k"], x["v"], torch.ones(1, 16 * 16, 16) / 16,
-                                                         torch.ones(1, 16 * 16, 16) / 16, torch.zeros(1, 16, 16), cu, cfg)
+            w = torch.ones(1, 16 * 16, 16) / 16
+            k_cmp, v_cmp, cu_cmp = reference.compress_kv(x["k"], x["v"], w, w, torch.zeros(1, 16, 16), cu, cfg)
             o, _ = reference.compressed_attention(q, k_cmp, v_cmp, cu, cu_cmp, cfg)
         reached = _reach(o)
         end = 40 if token < 40 else 80
@@ -403,13 +411,14 @@ def test_module_keeps_nan_in_its_sequence_and_zeroes_padding():
                          ids=["nsa", "fsa", "fsa_paper", "fsa_paper-no-inner-loop"])
 def test_kernels_keep_a_later_tokens_bad_value_out_of_earlier_tokens(impl, options, bad):
     """A non-finite value at token 21 (inside block 1 of 16 tokens): tokens 16-20 share its
-    block's tiles in the FSA kernels but may not see it; the reached tokens are the reference's."""
+    block's tiles in the FSA kernels but may not see it; the reached tokens are the reference's
+    (21-31; later tokens select blocks 0 and their own)."""
     lengths, bs = [48, 20], 16
     q, k, v, cu = _qkv(lengths)
     v[21] = bad
     blk = torch.cat([_own_and_first_blocks(48, bs), _own_and_first_blocks(20, bs)])
     expected = _reach(reference.selected_attention(q, k, v, blk, cu, bs)[0])
-    assert expected == list(range(21, 48))
+    assert expected == list(range(21, 32))  # block 1 only: later blocks select blocks 0 and their own
     if options:
         o, _ = resolve(impl)(q, k, v, blk, cu, bs, None, **options)
     else:
@@ -423,7 +432,7 @@ def test_kernels_keep_a_later_tokens_bad_value_out_of_earlier_tokens(impl, optio
 def test_block_size_errors_name_the_block_size():
     q, k, v, cu = _qkv([48])
     blk = _own_and_first_blocks(48, 16)
-    with pytest.raises(ValueError, match="block_size must be a power of two >= 16, got 24"):
+    with pytest.raises(ValueError, match="block_size must be a power of two >= 16 for impl 'fsa', got 24"):
         selected_attention(q, k, v, blk, cu, 24, impl="fsa")
     with pytest.raises(ValueError, match="block_size must be a positive int"):
         selected_attention(q, k, v, blk, cu, 0)

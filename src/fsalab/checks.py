@@ -115,14 +115,14 @@ def check_lengths(lengths: torch.Tensor, batch: int, seq: int, device: torch.dev
         _expect(((lengths >= 0) & (lengths <= seq)).all(), f"lengths must lie in [0, seq={seq}]")
 
 
-def check_block_size(block_size, device: torch.device, impl: str) -> None:
+def check_block_size(block_size, impl: str) -> None:
     """block_size a positive int; for the kernels (every impl but the reference) a power of two
-    >= 16 on CUDA tensors (``check_kernel_call``). Checked before the block indices, whose
-    checks divide by it."""
+    >= 16 (as ``check_kernel_call`` requires). Checked before the block indices, whose checks
+    divide by it, so a bad block size is reported as such."""
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    if impl != "reference":
-        check_kernel_call(device, block_size, f"the {impl} selected-attention kernels")
+    if impl != "reference" and (block_size < 16 or block_size & (block_size - 1)):
+        raise ValueError(f"block_size must be a power of two >= 16 for impl {impl!r}, got {block_size}")
 
 
 def check_block_idx(block_idx: torch.Tensor, total_tokens: int, h_kv: int) -> None:

@@ -314,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results-dir", default="results")
     p.add_argument("--out", help="output CSV (one experiment only)")
     p.add_argument("--force", action="store_true", help="aggregate rows measured on another machine too")
-    p.add_argument("--points", nargs="*", help="only these point files (one experiment; default: every file of the folder)")
+    p.add_argument("--points", nargs="*",
+                   help="only these point files (one experiment; default: every file of the folder)")
     p.set_defaults(func=cmd_aggregate)
 
     p = sub.add_parser("migrate-ids", help="rename result files whose point id is not the one their parameters give")
@@ -325,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("notebook", help="execute an analysis notebook headless")
     p.add_argument("notebook")
     p.add_argument("--platform", required=True, help="results/<platform>/ to read")
-    p.add_argument("--figures", required=True, help="folder for figures and tables (replaced only if the notebook runs)")
+    p.add_argument("--figures", required=True,
+                   help="folder for figures and tables (replaced only when the notebook runs through)")
     p.add_argument("--publish", action="append",
                    help="also copy the finished folder here, replacing it (paper_figures/<notebook>; repeatable)")
     p.add_argument("--results-dir")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from .bench.grid import E2E_RUNNERS, e2e_base, load_schema, point_hash, repo_root, validate
+from .bench.grid import E2E_OPS, e2e_base, load_schema, point_hash, repo_root, validate
 
 # DESIGN §2 columns, in order (kept in sync with fsalab.bench.kernel.COLUMNS by a test).
 COLUMNS = (
@@ -164,8 +164,6 @@ def paper_values() -> dict:
         return yaml.safe_load(fh)
 
 
-# Runner of an end-to-end row, by its op.
-_E2E_OPS = {op: runner for runner, (op, _) in E2E_RUNNERS.items()}
 _HASH_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 
 
@@ -176,9 +174,9 @@ def point_of_row(row: dict, stem: str) -> dict:
     ``layers`` merely equals the model's depth (rows store the depth run); older end-to-end rows
     kept their per-part times under ``split`` (now ``split_parts``), which tells the flag too."""
     schema = load_schema("experiment")
-    if row.get("op") in _E2E_OPS:
+    if row.get("op") in E2E_OPS:
         keys = schema["$defs"]["e2e_params"]["properties"]
-        p = {**e2e_base(_E2E_OPS[row["op"]]), **{k: row[k] for k in keys if k in row}}
+        p = {**e2e_base(E2E_OPS[row["op"]]), **{k: row[k] for k in keys if k in row}}
         if "-Lfull-" in stem:
             p["layers"] = None
         if isinstance(row.get("split"), dict):  # rows before split_parts stored the times under split

@@ -31,6 +31,7 @@ E2E_REQUIRED = ("op", "model", "impl", "N", "dtype")
 # runner modules: fsalab.bench.train.DEFAULTS plus the runner's own).
 E2E_RUNNERS = {"train": ("train_step", "bfloat16"), "prefill": ("prefill", "float16"),
                "convergence": ("convergence", "bfloat16")}
+E2E_OPS = {op: runner for runner, (op, _) in E2E_RUNNERS.items()}  # op of a row -> its runner
 # The checkout this package is installed from (editable install); results and configs live there.
 REPO_ROOT = Path(__file__).resolve().parents[3]
 _DTYPE_TAGS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
@@ -206,7 +207,7 @@ def e2e_base(runner: str) -> dict:
 def check_impl(p: dict, where: str) -> None:
     """ValueError when the point's impl (or model) is not a name the runner knows, whether or
     not it can run on this machine: a misspelt impl is a config error, not an ``unsupported`` row."""
-    if p.get("op") in ("train_step", "prefill", "convergence"):
+    if p.get("op") in E2E_OPS:
         from ..models.configs import MODELS
         from ..models.patch import canonical_impl
 
@@ -237,7 +238,8 @@ def _expand_e2e(exp: dict, base: dict | None = None) -> list[dict]:
     for i, sub in enumerate(exp["grid"]):
         for raw in _expand_subgrid(sub):
             where = f"{exp['experiment']} grid[{i}]"
-            p = validate({**copy.deepcopy(start), **copy.deepcopy(exp.get("defaults", {})), **raw}, params_schema, where)
+            p = {**copy.deepcopy(start), **copy.deepcopy(exp.get("defaults", {})), **raw}
+            p = validate(p, params_schema, where)
             missing = [k for k in E2E_REQUIRED if p.get(k) is None]
             if missing:
                 raise ValueError(f"{where}: point {raw} lacks {missing}")

@@ -349,7 +349,8 @@ def window_attention(
         t = torch.arange(lo, hi, device=q.device)[:, None]
         key = torch.arange(k_lo, hi, device=q.device)[None, :]
         mask = (seq[lo:hi, None] == seq[None, k_lo:hi]) & (key <= t) & (key > t - window_size)
-        o, lse = _softmax_attend(qg[lo:hi], k_t[:, k_lo:hi], v_t[:, k_lo:hi], bad[:, k_lo:hi], mask[:, None, None, :], scale)
+        keys = slice(k_lo, hi)
+        o, lse = _softmax_attend(qg[lo:hi], k_t[:, keys], v_t[:, keys], bad[:, keys], mask[:, None, None, :], scale)
         outs.append(o)
         lses.append(lse)
     return _cat(outs, (0, h_kv, g, d), q, dt).reshape(total, h, d), _cat(lses, (0, h_kv, g), q, dt).reshape(total, h)

@@ -71,7 +71,7 @@ def selected_attention(
     check_attention_inputs(q, k, v, cu_seqlens, REFERENCE_DTYPES if impl == "reference" else KERNEL_DTYPES)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"k/v must have one row per token of q ({q.shape[0]}), got {k.shape[0]}")
-    check_block_size(block_size, q.device, impl)
+    check_block_size(block_size, impl)
     check_block_idx(block_idx, q.shape[0], k.shape[1])
     if block_idx.device != q.device:
         raise ValueError(f"block_idx is on {block_idx.device}, expected {q.device}")

@@ -13,12 +13,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 from fsalab.reproduction import loss_gaps
 
-RUN = "results/{platform}/convergence/convergence-llama3-8b-{impl}-N4096-b8-L2-B64-T16-bf16-{tag}span32-S3000.json"
+# A run's file: this prefix and ".json" (ids before the parameter hash) or "-<8 hex>.json".
+RUN = "results/{platform}/convergence/convergence-llama3-8b-{impl}-N4096-b8-L2-B64-T16-bf16-{tag}span32-S3000"
+
+
+def run_file(prefix: str, names: list[str]) -> str:
+    """The one file of ``names`` (paths) that is the run ``prefix``, with or without its hash."""
+    found = [n for n in names if re.fullmatch(re.escape(prefix) + r"(-[0-9a-f]{8})?\.json", n)]
+    if len(found) != 1:
+        raise SystemExit(f"expected one result file for {prefix}, found {found}")
+    return found[0]
 
 
 def main() -> int:
@@ -28,11 +39,15 @@ def main() -> int:
     args = ap.parse_args()
 
     def now(impl, tag=""):
-        with open(RUN.format(platform=args.platform, impl=impl, tag=tag)) as f:
+        prefix = RUN.format(platform=args.platform, impl=impl, tag=tag)
+        with open(run_file(prefix, [str(p) for p in Path(prefix).parent.glob("*.json")])) as f:
             return json.load(f)["curve"]
 
     def before(impl):
-        path = RUN.format(platform=args.platform, impl=impl, tag="")
+        prefix = RUN.format(platform=args.platform, impl=impl, tag="")
+        names = subprocess.check_output(["git", "ls-tree", "--name-only", f"{args.before}:{Path(prefix).parent}"],
+                                        text=True).split()
+        path = run_file(prefix, [f"{Path(prefix).parent}/{n}" for n in names])
         return json.loads(subprocess.check_output(["git", "show", f"{args.before}:{path}"]))["curve"]
 
     pairs = {

@@ -60,8 +60,9 @@ def test_invalid_config_is_rejected():
 def test_point_ids_are_stable_and_distinct():
     a = grid.expand(_tiny_exp())[0]
     b = grid.expand(_tiny_exp(variant={"options": {"inner_loop": False}}))[0]
-    assert a["id"] == "selected-reference-fwdbwd-N80-b2-hkv1-g2-d16-B16-T3-fp32-w32"
-    assert b["id"] == a["id"] + "-innerloop0"
+    assert a["id"] == f"selected-reference-fwdbwd-N80-b2-hkv1-g2-d16-B16-T3-fp32-w32-{grid.point_hash(a)}"
+    assert b["id"].startswith(a["id"][:-9] + "-innerloop0-")
+    assert grid.expand(_tiny_exp())[0]["id"] == a["id"]  # stable across expansions
 
 
 def test_e2e_point_ids_carry_steps_and_rank_count(monkeypatch):
@@ -71,16 +72,14 @@ def test_e2e_point_ids_carry_steps_and_rank_count(monkeypatch):
 
     conv = {**train.DEFAULTS, "op": "convergence", "model": "llama3-8b", "impl": "fsa", "N": 4096, "steps": 3000,
             "dtype": "bfloat16"}
-    assert train.point_id(conv).endswith("-S3000")
-    # Another window or gate branch is another run (the convergence noise floor), the default id is unchanged.
-    assert train.point_id({**conv, "window_impl": "reference"}) == train.point_id(conv).replace(
-        "-bf16-", "-bf16-winreference-")
-    assert train.point_id({**conv, "gate_impl": "reference"}) == train.point_id(conv).replace(
-        "-bf16-", "-bf16-gatereference-")
+    assert train.point_id(conv).endswith(f"-S3000-{grid.point_hash(conv)}")
+    # Another window or gate branch is another run (the convergence noise floor), named in the prefix.
+    assert "-bf16-winreference-S3000-" in train.point_id({**conv, "window_impl": "reference"})
+    assert "-bf16-gatereference-S3000-" in train.point_id({**conv, "gate_impl": "reference"})
     monkeypatch.setenv("WORLD_SIZE", "4")
     tp = {**train.DEFAULTS, "op": "prefill", "model": "llama3-8b", "impl": "nsa", "N": 32768, "parallel": "tp",
           "dtype": "float16"}
-    assert train.point_id(tp).endswith("-tp4")
+    assert train.point_id(tp).endswith(f"-tp4-{grid.point_hash(tp)}")
 
 
 def test_runner_writes_valid_reference_row(tmp_path):
@@ -99,8 +98,13 @@ def test_runner_writes_valid_reference_row(tmp_path):
 
 
 def test_unknown_impl_gives_unsupported_row():
+    """A misspelt impl is a config error; a point that reaches the runner with an impl it cannot
+    bind (not available here) is an ``unsupported`` row."""
     exp = _tiny_exp(impl="no_such_impl", direction="fwd")
-    row = kernel.run_point(grid.expand(exp)[0], exp, torch.device("cpu"), platform="unit-cpu")
+    with pytest.raises(ValueError, match="impl of op 'selected' must be one of .*got 'no_such_impl'"):
+        grid.expand(exp)
+    point = {**grid.expand(_tiny_exp(direction="fwd"))[0], "impl": "no_such_impl"}
+    row = kernel.run_point(point, exp, torch.device("cpu"), platform="unit-cpu")
     assert row["status"] == "unsupported" and "no_such_impl" in row["message"]
     assert row["median_ms"] is None
     grid.validate(json.loads(json.dumps(row)), _result_schema(), "row")
@@ -298,7 +302,7 @@ def test_cli_option_flag_reaches_the_impl(tmp_path):
             "--direction", "fwd", "--N", "64", "--g", "1", "--option", "inner_loop=false", "--out", str(out)]
     assert cli.main(args) == 0
     row = json.loads(out.read_text())
-    assert row["options"] == {"inner_loop": False} and row["point"].endswith("-innerloop0")
+    assert row["options"] == {"inner_loop": False} and "-innerloop0-" in row["point"]
     assert row["status"] == "unsupported" and "inner_loop" in row["message"]
 
 

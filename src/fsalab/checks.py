@@ -106,6 +106,25 @@ def check_attention_inputs(
     return h, h_kv, g, d
 
 
+def check_lengths(lengths: torch.Tensor, batch: int, seq: int, device: torch.device) -> None:
+    """Right-padding lengths of a padded batch: integer [batch], each in [0, seq] (value check)."""
+    check_tensor("lengths", lengths, 1, (torch.int32, torch.int64), device=device)
+    if lengths.shape[0] != batch:
+        raise ValueError(f"lengths must have shape [batch={batch}], got {tuple(lengths.shape)}")
+    if _value_checks_enabled() and batch:
+        _expect(((lengths >= 0) & (lengths <= seq)).all(), f"lengths must lie in [0, seq={seq}]")
+
+
+def check_block_size(block_size, impl: str) -> None:
+    """block_size a positive int; for the kernels (every impl but the reference) a power of two
+    >= 16 (as ``check_kernel_call`` requires). Checked before the block indices, whose checks
+    divide by it, so a bad block size is reported as such."""
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if impl != "reference" and (block_size < 16 or block_size & (block_size - 1)):
+        raise ValueError(f"block_size must be a power of two >= 16 for impl {impl!r}, got {block_size}")
+
+
 def check_block_idx(block_idx: torch.Tensor, total_tokens: int, h_kv: int) -> None:
     """block_idx: int32 [total, h_kv, topk]; entries -1 or a block at or before the token's own."""
     check_tensor("block_idx", block_idx, 3, (torch.int32,))

@@ -10,6 +10,7 @@
     fsalab bench-train|bench-prefill|bench-convergence ...   end-to-end runners (fsalab.bench.*)
     fsalab theory --experiment theory --out results/<platform>/theory.csv
     fsalab aggregate --experiment kernel [--platform h200]        -> results/<platform>/kernel.csv
+    fsalab migrate-ids                           rename result files to the ids their parameters give
     fsalab notebook analysis/kernel.ipynb --platform h200 --figures paper_figures
     fsalab reproduction --platform h200 --out REPRODUCTION.md
 
@@ -125,13 +126,15 @@ def cmd_bench_kernel(args) -> int:
 
         points = [p for p in grid.expand(exp) if re.search(args.filter, p["id"])]
         if hasattr(module, "run_points"):
-            module.run_points(points, exp, device, args.results_dir, platform, args.skip_existing)
+            module.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, force=args.force)
         else:
-            kernel.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, runner=run_point)
+            kernel.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, runner=run_point,
+                              force=args.force)
         return 0
-    row = run_point(point, exp, device, platform)
     out = args.out or kernel.result_path(args.results_dir, platform, point["experiment"], point["id"])
-    kernel.write_row(row, out)
+    kernel.check_writable(out, platform, args.force)
+    row = kernel.run_safely(run_point, point, exp, device, platform)
+    kernel.write_row(row, out, args.force)
     median = f"{row['median_ms']:.4f} ms" if row.get("median_ms") is not None else row["message"][:200]
     print(f"{point['id']}: {row['status']} {median} -> {out}", file=sys.stderr)
     return 0
@@ -171,11 +174,24 @@ def cmd_theory(args) -> int:
 
 def cmd_aggregate(args) -> int:
     from . import results
+    from .bench.grid import load_experiment
 
     platform = args.platform or _detect_platform_quiet()
-    for exp in args.experiment:
-        out = results.aggregate(platform, exp, args.results_dir, args.out if len(args.experiment) == 1 else None)
+    # Names (or YAML paths) of real experiments: an unknown one is an error listing the known ones, not an empty CSV.
+    names = [load_experiment(exp)["experiment"] for exp in args.experiment]
+    for exp in names:
+        points = [Path(f).stem for f in args.points] if args.points is not None else None
+        out = results.aggregate(platform, exp, args.results_dir, args.out if len(args.experiment) == 1 else None,
+                                force=args.force, points=points)
         print(f"{out}", file=sys.stderr)
+    return 0
+
+
+def cmd_migrate_ids(args) -> int:
+    from . import results
+
+    for old, new in results.migrate_point_ids(args.results_dir, dry_run=args.dry_run):
+        print(f"{old} -> {new}")
     return 0
 
 
@@ -186,23 +202,59 @@ def _detect_platform_quiet() -> str:
     return detect_platform()
 
 
+def replace_dir(new: Path, dest: Path) -> None:
+    """Put folder ``new`` (on dest's file system) in place of ``dest``: the old folder moves
+    aside first and is deleted only once ``new`` is in place."""
+    import shutil
+
+    old = dest.with_name(f".{dest.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if dest.exists():
+        dest.rename(old)
+    new.rename(dest)
+    if old.exists():
+        shutil.rmtree(old)
+
+
 def cmd_notebook(args) -> int:
+    import shutil
+    import tempfile
+
     import nbformat
     from nbclient import NotebookClient
 
     from .bench.grid import repo_root
 
+    dest = Path(args.figures).resolve()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # Figures go to a temporary folder beside dest and replace it only when every cell ran.
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    staging.chmod(0o755)
     os.environ["FSALAB_PLATFORM_RESULTS"] = args.platform
-    os.environ["FSALAB_FIGURES"] = str(Path(args.figures).resolve())
+    os.environ["FSALAB_FIGURES"] = str(staging)
     if args.results_dir:
         os.environ["FSALAB_RESULTS"] = str(Path(args.results_dir).resolve())
     nb = nbformat.read(args.notebook, as_version=4)
     client = NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(repo_root())}})
-    client.execute()
-    if args.executed:
-        Path(args.executed).parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, args.executed)
+    try:
+        client.execute()
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        if args.executed:
+            Path(args.executed).parent.mkdir(parents=True, exist_ok=True)
+            nbformat.write(nb, args.executed)
+    replace_dir(staging, dest)
+    for target in map(Path, args.publish or []):
+        target = target.resolve()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        copy = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent)) / "figures"
+        shutil.copytree(dest, copy, ignore=shutil.ignore_patterns(".snakemake_timestamp"))
+        replace_dir(copy, target)
+        copy.parent.rmdir()
     return 0
 
 
@@ -227,6 +279,8 @@ def kernel_parser(sub, command: str, experiment_args) -> None:
     p.add_argument("--out", help="result file (default results/<platform>/<experiment>/<point>.json)")
     p.add_argument("--results-dir", default="results")
     p.add_argument("--platform", help="override the detected platform name")
+    p.add_argument("--force", action="store_true",
+                   help="write even into another machine's results folder or over its row (importing copies)")
     for flag in _PARAM_FLAGS:
         kind = str if flag in ("op", "impl", "direction", "dtype", "label") else int
         p.add_argument(f"--{flag.replace('_', '-')}" if flag != "N" else "--N", dest=flag, type=kind)
@@ -262,16 +316,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_theory)
 
     p = sub.add_parser("aggregate", help="point files -> results/<platform>/<experiment>.csv")
-    p.add_argument("--experiment", nargs="+", required=True)
+    p.add_argument("--experiment", nargs="+", required=True, help="experiments/<name>.yaml (names or paths)")
     p.add_argument("--platform")
     p.add_argument("--results-dir", default="results")
     p.add_argument("--out", help="output CSV (one experiment only)")
+    p.add_argument("--force", action="store_true", help="aggregate rows measured on another machine too")
+    p.add_argument("--points", nargs="*",
+                   help="only these point files (one experiment; default: every file of the folder)")
     p.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("migrate-ids", help="rename result files whose point id is not the one their parameters give")
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--dry-run", action="store_true", help="print the renames only")
+    p.set_defaults(func=cmd_migrate_ids)
 
     p = sub.add_parser("notebook", help="execute an analysis notebook headless")
     p.add_argument("notebook")
     p.add_argument("--platform", required=True, help="results/<platform>/ to read")
-    p.add_argument("--figures", required=True, help="folder for figures and tables")
+    p.add_argument("--figures", required=True,
+                   help="folder for figures and tables (replaced only when the notebook runs through)")
+    p.add_argument("--publish", action="append",
+                   help="also copy the finished folder here, replacing it (paper_figures/<notebook>; repeatable)")
     p.add_argument("--results-dir")
     p.add_argument("--executed", help="where to save the executed notebook")
     p.add_argument("--timeout", type=int, default=900, help="per-cell timeout in seconds")
@@ -289,10 +354,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (``fsalab``)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in FORWARDED:
-        return forward(argv[0], argv[1:])
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        if argv and argv[0] in FORWARDED:
+            return forward(argv[0], argv[1:])
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except ValueError as exc:  # bad configs, unknown names, a row bound for another machine's folder
+        print(f"fsalab: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

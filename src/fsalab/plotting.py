@@ -3,8 +3,10 @@
 Notebooks are parametrised by environment variables (set by ``fsalab notebook`` / Snakemake):
 ``FSALAB_PLATFORM_RESULTS`` (which ``results/<platform>/`` to read; default ``h200`` when present,
 else the first platform with results), ``FSALAB_FIGURES`` (output folder; default
-``paper_figures/``) and ``FSALAB_RESULTS`` (the results root). Every figure is saved as PNG and
-PDF; every table as Markdown and CSV.
+``paper_figures/<notebook>/``, the notebook's own folder) and ``FSALAB_RESULTS`` (the results
+root). Every figure is saved as PNG and PDF; every table as Markdown and CSV. ``fsalab notebook``
+points ``FSALAB_FIGURES`` at a temporary folder and moves it into place only when the whole
+notebook ran, so a failing notebook never replaces or deletes figures.
 """
 
 from __future__ import annotations
@@ -52,14 +54,15 @@ class Context:
         return results.load_table(self.platform, experiment, self.results_dir)
 
 
-def context() -> Context:
-    """Read the notebook parameters from the environment, apply the style, create the output folder."""
+def context(notebook: str) -> Context:
+    """Read the notebook parameters from the environment, apply the style, create the output
+    folder (``$FSALAB_FIGURES``, else ``paper_figures/<notebook>``)."""
     results_dir = Path(os.environ.get("FSALAB_RESULTS", repo_root() / "results"))
     platform = os.environ.get("FSALAB_PLATFORM_RESULTS")
     if not platform:
         available = results.platforms(results_dir)
         platform = "h200" if "h200" in available else (available[0] if available else "h200")
-    figures = Path(os.environ.get("FSALAB_FIGURES", repo_root() / "paper_figures"))
+    figures = Path(os.environ.get("FSALAB_FIGURES") or repo_root() / "paper_figures" / notebook)
     figures.mkdir(parents=True, exist_ok=True)
     setup()
     return Context(platform, results_dir, figures)

@@ -4,7 +4,10 @@ Layout (DESIGN §2): ``results/<platform>/<experiment>/<point>.json`` (one row e
 the runners) -> ``results/<platform>/<experiment>.csv`` (one measurement a row, the DESIGN
 columns first, nested fields flattened, samples dropped). Notebooks and the REPRODUCTION.md
 generator read the CSVs through ``load_table``; every row is checked against
-``result.schema.yaml`` (``fsalab.data``) on the way in.
+``result.schema.yaml`` (``fsalab.data``) on the way in, and ``aggregate`` refuses a folder whose
+rows were measured on another machine than the folder's (``--force`` to import copies).
+``migrate_point_ids`` renames point files whose id is not the one their parameters give (ids
+hash every parameter, ``fsalab.bench.grid.point_hash``), without re-measuring anything.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import pandas as pd
 import yaml
 
 from . import data
-from .bench.grid import load_schema, repo_root, validate
+from .bench.grid import E2E_OPS, e2e_base, load_schema, point_hash, repo_root, validate
 
 # DESIGN §2 columns, in order (kept in sync with fsalab.bench.kernel.COLUMNS by a test).
 COLUMNS = (
@@ -78,12 +81,15 @@ def flatten(row: dict) -> dict:
     return flat
 
 
-def load_rows(platform: str, experiment: str, results_dir: str | Path | None = None) -> list[dict]:
-    """Every JSON row of ``results/<platform>/<experiment>/``, schema-checked, sorted by point."""
+def load_rows(platform: str, experiment: str, results_dir: str | Path | None = None,
+              points: list[str] | None = None) -> list[dict]:
+    """Every JSON row of ``results/<platform>/<experiment>/`` (only the point ids ``points`` if
+    given: a missing one is an error), schema-checked, sorted by point."""
     folder = results_root(results_dir) / platform / experiment
     schema = load_schema("result")
     rows = []
-    for path in sorted(folder.glob("*.json")):
+    paths = sorted(folder.glob("*.json")) if points is None else [folder / f"{p}.json" for p in sorted(points)]
+    for path in paths:
         rows.append(validate(json.loads(path.read_text()), schema, str(path)))
     return rows
 
@@ -95,9 +101,29 @@ def to_frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([flatten(r) for r in rows])
 
 
-def aggregate(platform: str, experiment: str, results_dir: str | Path | None = None, out: str | Path | None = None) -> Path:
-    """Write ``results/<platform>/<experiment>.csv`` from the point files; returns its path."""
-    df = to_frame(load_rows(platform, experiment, results_dir))
+def check_machines(platform: str, rows: list[dict]) -> None:
+    """PlatformMismatch when a row was measured on another machine than the folder's, or when
+    the folder's rows come from several machines."""
+    from .bench.provenance import PlatformMismatch, check_destination, row_machine
+
+    for row in rows:
+        check_destination(row, platform)
+    machines = sorted({row_machine(r) for r in rows})
+    if len(machines) > 1:
+        raise PlatformMismatch(f"results/{platform}/ holds rows measured on several machines {machines}; "
+                               "refusing to aggregate them into one table (--force to do so)")
+
+
+def aggregate(platform: str, experiment: str, results_dir: str | Path | None = None, out: str | Path | None = None,
+              force: bool = False, points: list[str] | None = None) -> Path:
+    """Write ``results/<platform>/<experiment>.csv`` from the point files (every file of the
+    folder, or the point ids ``points``: the workflow passes its grid's, so files of points no
+    longer in the grid stay on disk but out of the table); returns its path.
+    Rows measured on another machine than the folder's are refused unless ``force``."""
+    rows = load_rows(platform, experiment, results_dir, points)
+    if not force:
+        check_machines(platform, rows)
+    df = to_frame(rows)
     out = Path(out) if out is not None else results_root(results_dir) / platform / f"{experiment}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out, index=False)
@@ -139,3 +165,55 @@ def paper_values() -> dict:
     """The paper's reported numbers used beside ours (``analysis/paper_values.yaml``)."""
     with open(data.path("paper_values.yaml")) as fh:
         return yaml.safe_load(fh)
+
+
+_HASH_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+
+
+def point_of_row(row: dict, stem: str) -> dict:
+    """The point parameters a result row was measured with (what its id hashes): the parameter
+    keys of the experiment schema found in the row, the runner's defaults for those it lacks.
+    ``stem`` (the file name) tells a full-depth end-to-end point (``-Lfull-``) from one whose
+    ``layers`` merely equals the model's depth (rows store the depth run); older end-to-end rows
+    kept their per-part times under ``split`` (now ``split_parts``), which tells the flag too."""
+    schema = load_schema("experiment")
+    if row.get("op") in E2E_OPS:
+        keys = schema["$defs"]["e2e_params"]["properties"]
+        p = {**e2e_base(E2E_OPS[row["op"]]), **{k: row[k] for k in keys if k in row}}
+        if "-Lfull-" in stem:
+            p["layers"] = None
+        if isinstance(row.get("split"), dict):  # rows before split_parts stored the times under split
+            p["split"] = any(k.startswith("attention") for k in row["split"])
+        return p
+    keys = [k for k in schema["$defs"]["params"]["properties"] if k not in ("label", "cost_model")]
+    params_schema = {"$defs": schema["$defs"], **schema["$defs"]["params"]}
+    return validate({k: row[k] for k in keys if k in row and row[k] is not None}, params_schema, stem)
+
+
+def migrate_point_ids(results_dir: str | Path | None = None, dry_run: bool = False) -> list[tuple[str, str]]:
+    """Rename every point file ``results/<platform>/<experiment>/<id>.json`` whose id does not
+    end with the hash of its parameters (``point_of_row``) to ``<readable prefix>-<hash>.json``
+    and set its ``point`` field; nothing else in the file changes (the one ``"point": ...``
+    line is replaced in the text, so numbers keep their exact digits). Returns (old, new) paths.
+    Run ``aggregate`` afterwards: the CSVs keep their rows, with the new ids."""
+    root = results_root(results_dir)
+    moves = []
+    for path in sorted(root.glob("*/*/*.json")):
+        text = path.read_text()
+        row = json.loads(text)
+        if "point" not in row or "provenance" not in row:
+            continue  # not a result row (e.g. a dispatch cache)
+        want = f"{_HASH_SUFFIX.sub('', path.stem)}-{point_hash(point_of_row(row, path.stem))}"
+        if want == path.stem:
+            continue
+        new = path.with_name(f"{want}.json")
+        if new.exists():
+            raise FileExistsError(f"{path} would be renamed to {new}, which exists")
+        moves.append((str(path), str(new)))
+        if not dry_run:
+            field = f'"point": {json.dumps(row["point"])}'
+            if text.count(field) != 1:
+                raise ValueError(f"{path}: expected one {field!r} to rewrite")
+            new.write_text(text.replace(field, f'"point": {json.dumps(want)}'))
+            path.unlink()
+    return moves

@@ -1,4 +1,5 @@
-"""Point files -> one tidy CSV per experiment (DESIGN §2 columns)."""
+"""Point files -> one tidy CSV per experiment (DESIGN §2 columns): the grid's points only, so
+the files of points no longer in the grid (an edited YAML) stay on disk but leave the table."""
 
 
 rule aggregate:
@@ -15,4 +16,4 @@ rule aggregate:
         "../envs/fsalab.yaml"
     shell:
         "fsalab aggregate --experiment {wildcards.experiment} --platform {wildcards.platform} "
-        "--out {output} > {log} 2>&1"
+        "--out {output} --points {input} > {log} 2>&1"

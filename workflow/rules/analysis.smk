@@ -1,28 +1,9 @@
-"""Notebooks (headless) -> figures and tables; REPRODUCTION.md from the results."""
+"""Notebooks (headless) -> figures and tables; REPRODUCTION.md from the results.
 
-
-rule notebook_paper_figures:
-    input:
-        notebook="analysis/{notebook}.ipynb",
-        tables=lambda wc: tables(FIGURES_PLATFORM, wc.notebook),
-    output:
-        report(
-            directory("paper_figures/{notebook}"),
-            patterns=["{name}.png"],
-            category="Figures",
-            subcategory="{notebook}",
-            caption="../report/figures.rst",
-        ),
-    log:
-        notebook=f"logs/notebooks/{FIGURES_PLATFORM}/{{notebook}}.ipynb",
-        stderr=f"logs/notebooks/{FIGURES_PLATFORM}/{{notebook}}.log",
-    params:
-        platform=FIGURES_PLATFORM,
-    conda:
-        "../envs/fsalab.yaml"
-    shell:
-        "fsalab notebook {input.notebook} --platform {params.platform} --results-dir results --figures {output} "
-        "--executed {log.notebook} > {log.stderr} 2>&1"
+Every platform's figures are rendered into results/<platform>/figures/<notebook>/ (Snakemake's
+output, deleted by it before a run and after a failure); for figures_platform `fsalab notebook
+--publish` then copies the finished folder into paper_figures/<notebook>/, so a failing notebook
+never touches the committed figures."""
 
 
 rule notebook_platform_figures:
@@ -40,11 +21,13 @@ rule notebook_platform_figures:
     log:
         notebook="logs/notebooks/{platform}/{notebook}.ipynb",
         stderr="logs/notebooks/{platform}/{notebook}.log",
+    params:
+        publish=lambda wc: publish_flag(wc.platform, wc.notebook),
     conda:
         "../envs/fsalab.yaml"
     shell:
         "fsalab notebook {input.notebook} --platform {wildcards.platform} --results-dir results --figures {output} "
-        "--executed {log.notebook} > {log.stderr} 2>&1"
+        "{params.publish} --executed {log.notebook} > {log.stderr} 2>&1"
 
 
 rule reproduction_paper:

@@ -62,14 +62,21 @@ def figures_dir(platform):
     return "paper_figures" if platform == FIGURES_PLATFORM else f"results/{platform}/figures"
 
 
+def rendered_dir(platform, notebook):
+    """Where a notebook renders its figures (the Snakemake output): results/<platform>/figures/<notebook>."""
+    return f"results/{platform}/figures/{notebook}"
+
+
+def publish_flag(platform, notebook):
+    """`--publish paper_figures/<notebook>` for figures_platform (copied there only on success)."""
+    return f"--publish paper_figures/{notebook}" if platform == FIGURES_PLATFORM else ""
+
+
 def experiments_of_notebook(notebook):
     """Experiments whose YAML names this notebook (defaults to the experiment's own name)."""
     names = set(config["experiments"]) | {notebook}
     out = []
-    for name in sorted(names):
-        path = grid.experiment_path(name)
-        if not path.is_file():
-            continue
+    for name in sorted(names & set(grid.known_experiments())):
         exp = EXPERIMENTS.get(name) or grid.load_experiment(name)
         if exp.get("notebook", name) == notebook:
             out.append(name)
@@ -85,7 +92,7 @@ def multi_gpu_tables(platform, notebook):
     for host in multi_gpu_hosts(platform, ROOT / "results"):
         for path in sorted((ROOT / "results" / host).glob("*.csv")):
             name = path.stem
-            if grid.experiment_path(name).is_file() and grid.load_experiment(name).get("notebook", name) == notebook:
+            if name in grid.known_experiments() and grid.load_experiment(name).get("notebook", name) == notebook:
                 out.append(str(path.relative_to(ROOT)))
     return out
 
@@ -121,7 +128,7 @@ def all_targets():
     for plat in figure_platforms():
         for nb in config["notebooks"]:
             if tables(plat, nb):
-                targets.append(f"{figures_dir(plat)}/{nb}")
+                targets.append(rendered_dir(plat, nb))
         if config["reproduction"]:
             targets.append(reproduction_path(plat))
     return targets
@@ -139,5 +146,5 @@ def point_files(wildcards):
 
 def reproduction_inputs(platform):
     """Tables and figure folders REPRODUCTION.md is generated from."""
-    figs = [f"{figures_dir(platform)}/{nb}" for nb in config["notebooks"] if tables(platform, nb)]
+    figs = [rendered_dir(platform, nb) for nb in config["notebooks"] if tables(platform, nb)]
     return [t for nb in config["notebooks"] for t in tables(platform, nb)] + figs

@@ -4,13 +4,19 @@
 A point is a flat dict of parameters (op, impl, direction, N, batch, h_kv, g, d, block_size,
 topk, dtype, ...) plus its ``id``, a file-name-safe string that is stable across runs and
 unique within the experiment; results are written to ``results/<platform>/<experiment>/<id>.json``.
+An id is a readable prefix (op, impl, direction, shape, dtype, ...) and a short hash of every
+parameter (``point_hash``), so two configurations never share a result file and editing any
+parameter in a YAML gives new ids (Snakemake then re-measures those points).
 The Snakefile and the CLI both expand grids here, so they always agree on the point list.
+Misspelt parameters, axes, impl names, model names and experiment names are errors.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
+import json
 import os
 import re
 from pathlib import Path
@@ -27,6 +33,7 @@ E2E_REQUIRED = ("op", "model", "impl", "N", "dtype")
 # runner modules: fsalab.bench.train.DEFAULTS plus the runner's own).
 E2E_RUNNERS = {"train": ("train_step", "bfloat16"), "prefill": ("prefill", "float16"),
                "convergence": ("convergence", "bfloat16")}
+E2E_OPS = {op: runner for runner, (op, _) in E2E_RUNNERS.items()}  # op of a row -> its runner
 # The checkout this package is installed from (editable install); results and configs live there.
 REPO_ROOT = Path(__file__).resolve().parents[3]
 _DTYPE_TAGS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
@@ -85,14 +92,27 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+def known_experiments() -> list[str]:
+    """Names of the experiments (every YAML of the checkout's ``experiments/``, else of the
+    package's copy, but smoke.yaml), sorted."""
+    local = repo_root() / "experiments"
+    folder = local if local.is_dir() else data.path("experiments")
+    return sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "smoke")
+
+
 def experiment_path(name_or_path: str | Path) -> Path:
     """``experiments/<name>.yaml`` under the repo root, else the package's copy; or the path itself
-    if it is a file."""
+    if it is a file. ValueError listing the known experiments for a name that has no YAML."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.is_file():
+        if not p.is_file():
+            raise ValueError(f"experiment file {str(p)!r} does not exist")
         return p
     local = repo_root() / "experiments" / f"{name_or_path}.yaml"
-    return local if local.is_file() else data.path("experiments", f"{name_or_path}.yaml")
+    path = local if local.is_file() else data.path("experiments", f"{name_or_path}.yaml")
+    if not path.is_file():
+        raise ValueError(f"unknown experiment {str(name_or_path)!r}; known: {', '.join(known_experiments())}")
+    return path
 
 
 def load_experiment(name_or_path: str | Path, smoke: bool = False) -> dict:
@@ -121,10 +141,29 @@ def _slug(value) -> str:
     return re.sub(r"[^a-z0-9.]+", "", text)
 
 
+# Keys of a point that do not change what is measured: the id itself, the experiment (the
+# folder already names it) and the free-form series label.
+_UNMEASURED = ("id", "experiment", "label")
+
+
+def point_hash(p: dict) -> str:
+    """8 hex digits of the SHA-256 of every measured parameter of ``p`` (canonical JSON)."""
+    params = {k: v for k, v in p.items() if k not in _UNMEASURED}
+    text = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 def point_id(p: dict) -> str:
-    """Stable, file-name-safe id; e.g. ``selected-fsa-fwd-N65536-b1-hkv4-g4-d128-B64-T16-bf16``."""
+    """Stable, file-name-safe id: a readable prefix and ``point_hash``, e.g.
+    ``selected-fsa-fwd-N65536-b1-hkv4-g4-d128-B64-T16-bf16-1a2b3c4d``. Theory points (a model,
+    not a measurement; every parameter is in the prefix) have the prefix alone."""
     if "cost_model" in p:
         return f"{p['cost_model']}-N{p['N']}-hkv{p['h_kv']}-g{p['g']}-d{p['d']}-B{p['block_size']}-T{p['topk']}"
+    return f"{readable_id(p)}-{point_hash(p)}"
+
+
+def readable_id(p: dict) -> str:
+    """The readable part of a kernel point's id (op, impl, direction, shape, dtype, window, options)."""
     parts = [
         p["op"].replace("_", ""),
         _slug(p["impl"]),
@@ -171,19 +210,46 @@ def e2e_base(runner: str) -> dict:
     return {**copy.deepcopy(train.DEFAULTS), **copy.deepcopy(extra), "op": op, "dtype": dtype}
 
 
+def check_impl(p: dict, where: str) -> None:
+    """ValueError when the point's impl (or model) is not a name the runner knows, whether or
+    not it can run on this machine: a misspelt impl is a config error, not an ``unsupported`` row."""
+    if p.get("op") in E2E_OPS:
+        from ..models.configs import MODELS
+        from ..models.patch import canonical_impl
+
+        try:
+            canonical_impl(p["impl"])
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        if p["model"] not in MODELS:
+            raise ValueError(f"{where}: model must be one of {sorted(MODELS)}, got {p['model']!r}")
+        return
+    if "impl" in p:
+        from .ops import known_impls
+
+        known = known_impls(p["op"])
+        if p["impl"] not in known:
+            raise ValueError(f"{where}: impl of op {p['op']!r} must be one of {sorted(known)}, got {p['impl']!r}")
+
+
 def _expand_e2e(exp: dict, base: dict | None = None) -> list[dict]:
     """Points of an end-to-end experiment: runner defaults <- ``base`` <- exp defaults <- each
     sub-grid's values; ids from ``fsalab.bench.train.point_id`` (the runners' own)."""
     from .train import point_id as e2e_point_id
 
     start = {**e2e_base(exp["runner"]), **copy.deepcopy(base or {})}
+    schema = load_schema("experiment")
+    params_schema = {"$defs": schema["$defs"], **schema["$defs"]["e2e_params"]}
     points, seen = [], set()
     for i, sub in enumerate(exp["grid"]):
         for raw in _expand_subgrid(sub):
+            where = f"{exp['experiment']} grid[{i}]"
             p = {**copy.deepcopy(start), **copy.deepcopy(exp.get("defaults", {})), **raw}
+            p = validate(p, params_schema, where)
             missing = [k for k in E2E_REQUIRED if p.get(k) is None]
             if missing:
-                raise ValueError(f"{exp['experiment']} grid[{i}]: point {raw} lacks {missing}")
+                raise ValueError(f"{where}: point {raw} lacks {missing}")
+            check_impl(p, where)
             p["experiment"] = exp["experiment"]
             p["id"] = e2e_point_id(p)
             if p["id"] not in seen:
@@ -195,7 +261,8 @@ def _expand_e2e(exp: dict, base: dict | None = None) -> list[dict]:
 def expand(exp: dict, base: dict | None = None) -> list[dict]:
     """Every point of the experiment's grid, validated, with ``id`` and ``experiment`` set.
 
-    Raises ValueError for a point that lacks a required parameter or duplicates another's id.
+    Raises ValueError for a point that lacks a required parameter, has one the runner does not
+    know (a misspelt key or axis), names an unknown impl or model, or duplicates another's id.
     End-to-end runners (train, prefill, convergence) start from their runner's defaults
     (``base`` overrides them).
     """
@@ -207,10 +274,12 @@ def expand(exp: dict, base: dict | None = None) -> list[dict]:
     points, seen = [], {}
     for i, sub in enumerate(exp["grid"]):
         for raw in _expand_subgrid(sub):
-            p = validate({**copy.deepcopy(exp.get("defaults", {})), **raw}, params_schema, f"{exp['experiment']} grid[{i}]")
+            where = f"{exp['experiment']} grid[{i}]"
+            p = validate({**copy.deepcopy(exp.get("defaults", {})), **raw}, params_schema, where)
             missing = [k for k in required if k not in p]
             if missing:
-                raise ValueError(f"{exp['experiment']} grid[{i}]: point {raw} lacks {missing}")
+                raise ValueError(f"{where}: point {raw} lacks {missing}")
+            check_impl(p, where)
             p["experiment"] = exp["experiment"]
             p["id"] = point_id(p)
             if p["id"] in seen:

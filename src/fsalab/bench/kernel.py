@@ -6,7 +6,9 @@ indices from the compression path), check correctness once against the reference
 write ``results/<platform>/<experiment>/<point>.json`` with the DESIGN §2 columns, the samples
 and the provenance. Every failure becomes a row: ``unsupported`` (op/impl not available or
 rejecting the configuration), ``oom``, or ``error`` (with the message; a failed correctness
-check is an error too). The runner never plots.
+check is an error too); ``run_safely`` turns whatever a runner raises into such a row, so a
+sweep never loses the rows of the points that did run. ``write_row`` refuses to put a row into
+another machine's results folder (``provenance.check_destination``). The runner never plots.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from . import ops
 from .check import check, with_leaves
 from .inputs import attended_keys, input_key, make_inputs
-from .provenance import detect_platform, provenance
+from .provenance import check_destination, detect_platform, machine_platform, provenance
 from .timing import measure, peak_memory
 
 STATUSES = ("ok", "oom", "error", "unsupported")
@@ -101,6 +103,29 @@ def _classify(exc: BaseException) -> str:
     return "error"
 
 
+def failure_row(p: dict, platform: str, exc: BaseException) -> dict:
+    """The row of a point whose runner raised before it could build its own: the point's
+    parameters, the DESIGN columns it has (the others null), status and message from ``exc``."""
+    row = {c: None for c in COLUMNS}
+    row.update({k: v for k, v in p.items() if k != "id"})
+    row.update(experiment=p.get("experiment"), point=p.get("id"), model=p.get("model") or "", platform=platform)
+    if row.get("h") is None and isinstance(p.get("h_kv"), int) and isinstance(p.get("g"), int):
+        row["h"] = p["h_kv"] * p["g"]
+    row["status"] = _classify(exc)
+    row["message"] = f"{type(exc).__name__}: {exc}"[:4000]
+    row["traceback"] = traceback.format_exc()[-4000:]
+    row["provenance"] = provenance()
+    return row
+
+
+def run_safely(runner, p: dict, exp: dict, device: torch.device, platform: str) -> dict:
+    """``runner(p, exp, device, platform)``, or ``failure_row`` when it raises anything at all."""
+    try:
+        return runner(p, exp, device, platform)
+    except Exception as exc:  # noqa: BLE001 - a failed point is a row, never a crash of the sweep
+        return failure_row(p, platform, exc)
+
+
 def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
     """Measure one point of experiment ``exp``; always returns a row (never raises for the op)."""
     platform = platform or detect_platform()
@@ -160,9 +185,14 @@ def _json_safe(x):
     return x
 
 
-def write_row(row: dict, path: str | Path) -> Path:
-    """Write ``row`` as JSON atomically (a sweep killed mid-write leaves no half file)."""
+def write_row(row: dict, path: str | Path, force: bool = False) -> Path:
+    """Write ``row`` as JSON atomically (a sweep killed mid-write leaves no half file).
+
+    PlatformMismatch (nothing written) when the row was measured on another machine than the one
+    its platform folder, or the row it would replace, belongs to; ``force`` writes anyway."""
     path = Path(path)
+    existing = json.loads(path.read_text()) if path.is_file() else None
+    check_destination(row, row.get("platform") or path.parent.parent.name, existing, force)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(_json_safe(row), indent=1, allow_nan=False) + "\n")
@@ -170,26 +200,39 @@ def write_row(row: dict, path: str | Path) -> Path:
     return path
 
 
+def check_writable(path: str | Path, platform: str, force: bool = False) -> None:
+    """What ``write_row`` would refuse, checked before anything is measured: PlatformMismatch
+    when this machine may not write ``path`` in ``results/<platform>/``."""
+    path = Path(path)
+    existing = json.loads(path.read_text()) if path.is_file() else None
+    mine = {"provenance": {"machine": machine_platform()}, "point": path.stem, "experiment": path.parent.name}
+    check_destination(mine, platform, existing, force)
+
+
 def run_points(
     points: list[dict], exp: dict, device: torch.device, results_dir: str | Path, platform: str | None = None,
-    skip_existing: bool = False, stream=sys.stderr, runner=None,
+    skip_existing: bool = False, stream=sys.stderr, runner=None, force: bool = False,
 ) -> list[Path]:
     """Run points in this process, one file each, printing progress (index, status, latency, ETA).
 
     ``runner(point, exp, device, platform) -> row`` defaults to ``run_point`` (``dram.run_point``
-    profiles instead of timing)."""
+    profiles instead of timing). Each row is written as soon as it exists and a runner that
+    raises gives a failure row (``run_safely``), so one bad point costs no other point's file."""
     runner = runner or run_point
     platform = platform or detect_platform()
     # Points sharing inputs run back to back (every impl and direction of one grid point in turn).
     points = sorted(points, key=lambda p: repr(input_key(p)))
+    paths = [result_path(results_dir, platform, p["experiment"], p["id"]) for p in points]
+    for path in paths:  # refuse the whole sweep up front, before any file is written
+        if not (skip_existing and path.exists()):
+            check_writable(path, platform, force)
     written, t0 = [], time.time()
-    for i, p in enumerate(points, 1):
-        path = result_path(results_dir, platform, p["experiment"], p["id"])
+    for i, (p, path) in enumerate(zip(points, paths), 1):
         if skip_existing and path.exists():
             print(f"[{i}/{len(points)}] {p['id']}: exists, skipped", file=stream, flush=True)
             continue
-        row = runner(p, exp, device, platform)
-        written.append(write_row(row, path))
+        row = run_safely(runner, p, exp, device, platform)
+        written.append(write_row(row, path, force))
         eta = (time.time() - t0) / i * (len(points) - i)
         lat = f"{row['median_ms']:.3f} ms" if row.get("median_ms") is not None else row["message"][:80]
         print(f"[{i}/{len(points)}] {p['id']}: {row['status']} {lat} (eta {eta:.0f} s)", file=stream, flush=True)

@@ -256,6 +256,23 @@ def bind(op: str, impl: str, options: dict | None = None) -> BoundOp:
     return _BINDERS[op](impl, dict(options or {}))
 
 
+def known_impls(op: str) -> tuple[str, ...]:
+    """Every impl name ``bind`` knows for ``op``, available here or not (grids are checked
+    against it: a misspelt impl is a config error, an impl missing on this machine a row)."""
+    from ..ops import WINDOW_IMPLS, full, selection
+
+    names = {
+        "selected": tuple(selection.IMPLS),
+        "compressed": ("reference", "triton"),
+        "window": WINDOW_IMPLS,
+        "full_attention": ("reference", *full.IMPLS),
+        "nsa_attention": tuple(selection.IMPLS),
+    }
+    if op not in names:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    return names[op]
+
+
 def useful_flops(op: str, keys: dict[str, float], d: int, cfg, h_kv: int, rows_cmp: float) -> float:
     """Forward FLOPs of the work the op must do (2 per multiply-add; causal keys only).
 

@@ -91,7 +91,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
         row["useful_flops_kind"] = "2 x linear-layer params (LM head excluded) x tokens; attention excluded"
         layers, layers_full = row["layers"], row["layers_full"]
         if parts is not None:
-            row["split"] = parts
+            row["split_parts"] = parts
         if p["split"]:
             row.update(split_columns(parts, layers, layers_full, False, False))
             row["split_kind"] = ("layer 0's attention and MLP timed in isolation; with tensor parallelism "

@@ -59,6 +59,55 @@ def platform_from_gpu_name(name: str) -> str:
     return slug or "gpu"
 
 
+def machine_platform() -> str:
+    """The platform of the hardware this process runs on, ignoring ``$FSALAB_PLATFORM``: the GPU's
+    (``h200``, ...) or ``cpu``. Rows carry it (``provenance.machine``) so that a result folder
+    never takes rows measured on another machine (``check_destination``)."""
+    name = gpu_name()
+    return platform_from_gpu_name(name) if name is not None else "cpu"
+
+
+def row_machine(row: dict) -> str:
+    """The machine a result row was measured on: ``provenance.machine``, or for rows written
+    before it existed the platform of ``provenance.gpu`` (``cpu`` without a GPU)."""
+    prov = row.get("provenance") or {}
+    if prov.get("machine"):
+        return prov["machine"]
+    return platform_from_gpu_name(prov["gpu"]) if prov.get("gpu") else "cpu"
+
+
+def folder_machine(platform: str) -> str | None:
+    """The machine a results folder belongs to when its name says so: ``h200``, ``h200-smoke``
+    and ``h200x2`` belong to ``h200``; ``cpu-interpret`` to ``cpu``; other names (test folders,
+    GPUs without a table entry) to no machine in particular (None)."""
+    base = re.sub(r"x\d+$", "", re.sub(r"-smoke$", "", platform))
+    if base in ("cpu", "cpu-interpret"):
+        return "cpu"
+    return base if base in {plat for _, plat in _GPU_PLATFORMS} else None
+
+
+class PlatformMismatch(ValueError):
+    """A row measured on one machine was about to land in another machine's results."""
+
+
+def check_destination(row: dict, platform: str, existing: dict | None = None, force: bool = False) -> None:
+    """PlatformMismatch unless ``row`` may be written into ``results/<platform>/``: the folder's
+    machine (``folder_machine``) must be the row's, and a row it replaces (``existing``) must
+    come from the same machine. ``force`` imports copies measured elsewhere on purpose."""
+    if force:
+        return
+    machine = row_machine(row)
+    owner = folder_machine(platform)
+    if owner is not None and owner != machine:
+        raise PlatformMismatch(
+            f"row {row.get('point')!r} was measured on {machine!r} but results/{platform}/ holds {owner!r} "
+            f"results; refusing to mix them (write to results/{machine}/ or pass --force to import a copy)")
+    if existing is not None and row_machine(existing) != machine:
+        raise PlatformMismatch(
+            f"results/{platform}/{row.get('experiment')}/{row.get('point')}.json was measured on "
+            f"{row_machine(existing)!r}; refusing to replace it by a row measured on {machine!r} (--force to do so)")
+
+
 def detect_platform() -> str:
     """Platform name used in ``results/<platform>/``: ``$FSALAB_PLATFORM`` if set, else the GPU
     (``h200``, ``a100``, ...), else ``cpu-interpret`` (Triton interpreter) or ``cpu``."""
@@ -115,6 +164,7 @@ def provenance() -> dict:
     """Machine, software and code state, JSON-serialisable."""
     info = {
         "platform": detect_platform(),
+        "machine": machine_platform(),
         "hostname": _platform.node(),
         "python": _platform.python_version(),
         "os": _platform.platform(),

@@ -65,7 +65,6 @@ DEFAULTS = {
 }
 # NSA branches whose op is chosen by name, and their tag in a point id when not "auto".
 _BRANCH_TAGS = (("compression_impl", "cmp"), ("window_impl", "win"), ("gate_impl", "gate"))
-_ID_KEYS = ("model", "impl", "N", "batch", "layers", "block_size", "topk", "dtype")
 
 
 # ---------------------------------------------------------------- experiments and points
@@ -86,11 +85,13 @@ def load_experiment(name_or_path: str | Path, smoke: bool = False) -> dict:
 
 
 def point_id(p: dict) -> str:
-    """Stable, file-name-safe id, e.g. ``trainstep-llama3-8b-fsa-N65536-b1-L2-B64-T16-bf16``
-    (parallel runs end with the mode and rank count, ``-fsdp8``; convergence runs with their
-    step count, ``-S500``, after ``-span32`` when needles are runs of 32 tokens). A compression,
-    window or gate branch other than ``auto`` adds ``-cmp<impl>`` / ``-win<impl>`` / ``-gate<impl>``,
-    so the default points keep their ids."""
+    """Stable, file-name-safe id: a readable prefix and ``grid.point_hash`` of every parameter,
+    e.g. ``trainstep-llama3-8b-fsa-N65536-b1-L2-B64-T16-bf16-1a2b3c4d``. The prefix of parallel
+    runs ends with the mode and rank count (``-fsdp8``), of convergence runs with their step
+    count (``-S500``, after ``-span32`` when needles are runs of 32 tokens); a compression,
+    window or gate branch other than ``auto`` adds ``-cmp<impl>`` / ``-win<impl>`` / ``-gate<impl>``."""
+    from .grid import point_hash
+
     layers = "full" if p.get("layers") in (None, 0) else p["layers"]
     parts = [p["op"].replace("_", ""), p["model"], p["impl"], f"N{p['N']}", f"b{p['batch']}", f"L{layers}",
              f"B{p['block_size']}", f"T{p['topk']}", _DTYPE_TAGS[p["dtype"]]]
@@ -107,6 +108,7 @@ def point_id(p: dict) -> str:
         if p.get("needle_span", 1) != 1:  # a different task (bench.convergence.retrieval_batch)
             parts.append(f"span{p['needle_span']}")
         parts.append(f"S{p['steps']}")
+    parts.append(point_hash(p))
     return "-".join(re.sub(r"[^A-Za-z0-9.\-]+", "", str(x)) for x in parts)
 
 
@@ -483,7 +485,7 @@ def _estimate(row: dict, lm: nn.Module, p: dict, parts: dict | None, t_opt: floa
     layers, layers_full = row["layers"], row["layers_full"]
     out = {}
     if parts is not None:
-        out["split"] = parts
+        out["split_parts"] = parts
     if parts is not None and p["split"]:
         out.update(split_columns(parts, layers, layers_full, True, p["checkpointing"]))
     if layers == layers_full:
@@ -520,6 +522,8 @@ def add_point_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--results-dir", default=None, help="default: <repo>/results")
     ap.add_argument("--platform", default=None, help="default: detected (h200, cpu-interpret, ...)")
     ap.add_argument("--out", help="ad-hoc point: write the row here (default: print it)")
+    ap.add_argument("--force", action="store_true",
+                    help="write even into another machine's results folder or over its row (importing copies)")
     for flag, kind in (("model", str), ("impl", str), ("N", int), ("batch", int), ("layers", int),
                        ("block-size", int), ("topk", int), ("window-size", int),
                        ("seed", int), ("loss-chunk", int), ("parallel", str)):
@@ -532,7 +536,11 @@ def add_point_args(ap: argparse.ArgumentParser) -> None:
 
 
 def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = None) -> int:
-    """Shared driver: resolve points from an experiment or from flags, run them, write rows."""
+    """Shared driver: resolve points from an experiment or from flags, run them, write rows.
+
+    Exit status 0 once every point has its row on disk, failed points included (a failed point
+    is a row: a non-zero status would make Snakemake delete the job's files, the good ones with
+    it); an ad-hoc point printed instead of written exits 1 when it failed with ``error``."""
     from ..parallel import fsdp
 
     doc = sys.modules[runner.__module__].__doc__ or ""
@@ -540,7 +548,7 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
     add_point_args(ap)
     args = ap.parse_args(argv)
     device = fsdp.setup_device()  # first: selects the Triton interpreter before triton is imported
-    from .kernel import result_path, write_row
+    from .kernel import check_writable, result_path, run_safely, write_row
     from .provenance import detect_platform
 
     exp = load_experiment(args.experiment, args.smoke) if args.experiment else {"experiment": op, "runner": {"train_step": "train"}.get(op, op), "grid": []}
@@ -575,21 +583,26 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
         points = [p]
     platform = args.platform or detect_platform()
     results = Path(args.results_dir) if args.results_dir else repo_root() / "results"
+    writes = bool(args.out or args.point or args.all)
+    paths = [Path(args.out) if args.out else result_path(results, platform, p["experiment"], p["id"]) for p in points]
+    for path in paths if writes else []:  # refuse before measuring anything (another machine's folder)
+        if not (args.skip_existing and path.exists()):
+            check_writable(path, platform, args.force)
     status = 0
-    for i, p in enumerate(points, 1):
-        path = Path(args.out) if args.out else result_path(results, platform, p["experiment"], p["id"])
+    for i, (p, path) in enumerate(zip(points, paths), 1):
         if args.skip_existing and path.exists():
             continue
-        row = runner(p, exp, device, platform)
+        row = run_safely(runner, p, exp, device, platform)
         if fsdp.rank() == 0:
-            if args.out or args.point or args.all:
-                write_row(row, path)
+            if writes:
+                write_row(row, path, args.force)
             lat = f"{row['median_ms']:.1f} ms" if row.get("median_ms") is not None else row["message"][:120]
             print(f"[{i}/{len(points)}] {p['id']}: {row['status']} {lat}", file=sys.stderr, flush=True)
-            if not (args.out or args.point or args.all):
+            if not writes:
                 print(json.dumps({k: v for k, v in row.items() if k not in ("provenance", "samples_ms")}, indent=1,
                                  default=str))
-        status = status or (row["status"] not in ("ok", "oom", "unsupported"))
+        if not writes:
+            status = status or (row["status"] not in ("ok", "oom", "unsupported"))
     fsdp.teardown()
     return int(status)
 

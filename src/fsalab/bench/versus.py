@@ -40,7 +40,7 @@ import torch
 from . import grid, ops
 from .check import check, with_leaves
 from .inputs import attended_keys, input_key, make_inputs
-from .kernel import _base_row, _classify, _value_checks_off, result_path, write_row
+from .kernel import _base_row, _classify, _value_checks_off, check_writable, result_path, write_row
 from .provenance import detect_platform, provenance
 from .timing import Rounds, Timing, capture_graph, interleaved, peak_memory
 
@@ -322,10 +322,12 @@ def _weight(group: list[dict]) -> float:
 
 def run_points(
     points: list[dict], exp: dict, device: torch.device, results_dir: str | Path, platform: str | None = None,
-    skip_existing: bool = False, stream=sys.stderr,
+    skip_existing: bool = False, stream=sys.stderr, force: bool = False,
 ) -> list[Path]:
     """Run the groups holding ``points`` (siblings from the experiment's grid join them), one
-    file per point, printing progress per group (index, ratios, ETA)."""
+    file per point, printing progress per group (index, ratios, ETA). A group whose files this
+    machine may not write (``kernel.check_writable``; ``force`` overrides) is refused before it
+    is measured."""
     platform = platform or detect_platform()
     groups = groups_of(grid.expand(exp), points)
     total_w, done_w, t0 = sum(map(_weight, groups)), 0.0, time.time()
@@ -337,8 +339,10 @@ def run_points(
         if skip_existing and all(path.exists() for path in paths):
             print(f"[{i}/{len(groups)}] {label}: exists, skipped", file=stream, flush=True)
             continue
+        for path in paths:
+            check_writable(path, platform, force)
         rows = run_group(group, exp, device, platform)
-        written += [write_row(row, path) for row, path in zip(rows, paths)]
+        written += [write_row(row, path, force) for row, path in zip(rows, paths)]
         eta = (time.time() - t0) / done_w * (total_w - done_w)
         parts = [_summary(row) for row in rows]
         print(f"[{i}/{len(groups)}] {label}: " + "; ".join(parts) + f" ({rows[0]['elapsed_s']:.0f} s, "

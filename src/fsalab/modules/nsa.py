@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..checks import check_cu_seqlens, check_tensor
+from ..checks import check_cu_seqlens, check_lengths, check_tensor
 from ..config import NSAConfig
 from ..ops import (
     COMPRESSION_IMPLS,
@@ -61,6 +61,9 @@ class NativeSparseAttention(nn.Module):
                                    ("window_impl", window_impl, WINDOW_IMPLS), ("gate_impl", gate_impl, GATE_IMPLS)):
             if value not in known:  # fail at construction, not at the first forward
                 raise ValueError(f"{name} must be one of {known}, got {value!r}")
+        if head_dim is None and hidden_size % num_heads:
+            raise ValueError(f"hidden_size ({hidden_size}) must be a multiple of num_heads ({num_heads}), "
+                             "or give head_dim")
         self.cfg = config or NSAConfig()
         self.hidden_size = hidden_size
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
@@ -117,21 +120,25 @@ class NativeSparseAttention(nn.Module):
             cu = starts
             valid = None
         else:
-            check_tensor("lengths", lengths, 1, device=x.device)
-            if lengths.shape[0] != batch:
-                raise ValueError(f"lengths must have shape [batch={batch}], got {tuple(lengths.shape)}")
-            # Padding tokens form sequences of their own, so no host sync is needed to pack.
+            check_lengths(lengths, batch, seq, x.device)
+            # Padding tokens form sequences of their own, so no host sync is needed to pack. Bad
+            # lengths are reported above; the clamp only keeps the packing in bounds when value
+            # checks are off (FSALAB_VALUE_CHECKS=0).
             ends = starts[:-1] + lengths.to(torch.int32).clamp(0, seq)
             cu = torch.stack([starts[:-1], ends], dim=1).flatten()
             cu = torch.cat([cu, starts[-1:]])
             valid = torch.arange(seq, device=x.device)[None, :] < lengths.to(x.device)[:, None]
         out = self._forward_packed(x.reshape(batch * seq, hidden), cu).view(batch, seq, hidden)
-        return out if valid is None else out * valid[..., None].to(out.dtype)
+        # Selected, not multiplied: a NaN in a padded position must not survive as NaN * 0.
+        return out if valid is None else out.masked_fill(~valid[..., None], 0.0)
 
     def _forward_packed(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         total, hidden = x.shape
         if hidden != self.hidden_size:
             raise ValueError(f"hidden_states must have hidden size {self.hidden_size}, got {hidden}")
+        if x.dtype != self.q_proj.weight.dtype:
+            raise TypeError(f"hidden_states has dtype {x.dtype} but the module's parameters are "
+                            f"{self.q_proj.weight.dtype}; cast one to the other")
         check_cu_seqlens(cu_seqlens, total, x.device)
         h, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         q = self.q_proj(x).view(total, h, d)

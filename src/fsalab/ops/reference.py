@@ -60,14 +60,26 @@ def _chunks(total: int, per_token: int):
         yield start, min(total, start + step)
 
 
+def _finite_values(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(v with non-finite entries zeroed, bool [..., m] True where a key's value is not finite);
+    v [..., m, d]. Computed once on the keys, before any per-query gather."""
+    finite = torch.isfinite(v)
+    return torch.where(finite, v, torch.zeros_like(v)), ~finite.all(-1)
+
+
 def _softmax_attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bad: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked softmax attention of grouped queries.
 
-    q [c, h_kv, g, d]; k/v either shared [h_kv, m, d] or per query [c, h_kv, m, d];
-    mask broadcastable to [c, h_kv, 1, m]. Returns o [c, h_kv, g, d] and lse [c, h_kv, g]
+    q [c, h_kv, g, d]; k and v (finite: ``_finite_values``) either shared [h_kv, m, d] or per
+    query [c, h_kv, m, d]; ``bad`` [h_kv, m] or [c, h_kv, m] marks keys whose value was not
+    finite; mask broadcastable to [c, h_kv, 1, m]. Returns o [c, h_kv, g, d] and lse [c, h_kv, g]
     (natural log); rows that see no key give o = 0 and lse = -inf with finite gradients.
+
+    Masked keys are left out by selection, never by multiplying with 0: a NaN/Inf in a key or
+    value a query cannot see (a later token, another sequence, padding) does not reach it; a
+    query that sees a non-finite value gets NaN.
     """
     kv = "hmd" if k.dim() == 3 else "chmd"
     s = torch.einsum(f"chgd,{kv}->chgm", q, k) * scale
@@ -81,6 +93,8 @@ def _softmax_attend(
     denom = e.sum(-1, keepdim=True)
     o = torch.einsum(f"chgm,{kv}->chgd", e, v)
     o = o / torch.where(denom > 0, denom, torch.ones_like(denom))
+    sees_bad = (mask & bad.unsqueeze(-2)).any(-1, keepdim=True)  # [c, h_kv, 1, 1]
+    o = o.masked_fill(sees_bad, float("nan"))
     lse = (torch.log(denom) + m).squeeze(-1)
     return o, lse
 
@@ -114,8 +128,10 @@ def compress_kv(
     idx = torch.where(valid[:, None], idx, torch.zeros_like(idx))
     k_win = (k.to(dt)[idx] + pe.to(dt).transpose(0, 1)).transpose(1, 2).reshape(rows, h_kv, l * d)
     v_win = v.to(dt)[idx].transpose(1, 2).reshape(rows, h_kv, l * d)
-    k_cmp = torch.einsum("rhx,hxd->rhd", k_win, w_k.to(dt)) * valid[:, None, None]
-    v_cmp = torch.einsum("rhx,hxd->rhd", v_win, w_v.to(dt)) * valid[:, None, None]
+    # Padding rows gather token 0: select zeros there (0 * NaN would still be NaN).
+    pad = ~valid[:, None, None]
+    k_cmp = torch.einsum("rhx,hxd->rhd", k_win, w_k.to(dt)).masked_fill(pad, 0.0)
+    v_cmp = torch.einsum("rhx,hxd->rhd", v_win, w_v.to(dt)).masked_fill(pad, 0.0)
     return k_cmp, v_cmp, cu_cmp
 
 
@@ -154,11 +170,12 @@ def compressed_attention(
     g = h // h_kv
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
     qg = q.to(dt).view(total, h_kv, g, d)
-    k_t, v_t = k_cmp.to(dt).transpose(0, 1), v_cmp.to(dt).transpose(0, 1)
+    k_t = k_cmp.to(dt).transpose(0, 1)
+    v_t, bad = _finite_values(v_cmp.to(dt).transpose(0, 1))
     outs, lses = [], []
     for lo, hi in _chunks(total, rows * h):
         mask = _compressed_visibility(cu_seqlens, cu_seqlens_cmp, total, rows, lo, hi, cfg)[:, None, None, :]
-        o, lse = _softmax_attend(qg[lo:hi], k_t, v_t, mask, scale)
+        o, lse = _softmax_attend(qg[lo:hi], k_t, v_t, bad, mask, scale)
         outs.append(o)
         lses.append(lse)
     return _cat(outs, (0, h_kv, g, d), q, dt).reshape(total, h, d), _cat(lses, (0, h_kv, g), q, dt).reshape(total, h)
@@ -277,7 +294,8 @@ def selected_attention(
     g = h // h_kv
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
     qg = q.to(dt).view(total, h_kv, g, d)
-    k32, v32 = k.to(dt), v.to(dt)
+    k32 = k.to(dt)
+    v32, bad = _finite_values(v.to(dt))
     start = cu_seqlens.long()[sequence_ids(cu_seqlens, total)]
     pos = local_positions(cu_seqlens, total)
     within = torch.arange(block_size, device=q.device)
@@ -287,7 +305,7 @@ def selected_attention(
         key_pos = (blk[..., None] * block_size + within).flatten(2)  # [c, h_kv, T*B] local positions
         valid = (blk >= 0).repeat_interleave(block_size, -1) & (key_pos <= pos_c[:, None, None])
         key = torch.where(valid, key_pos + start_c[:, None, None], torch.zeros_like(key_pos))
-        return _softmax_attend(qc, k32[key, heads], v32[key, heads], valid[:, :, None, :], scale)
+        return _softmax_attend(qc, k32[key, heads], v32[key, heads], bad[key, heads], valid[:, :, None, :], scale)
 
     # With gradients, each chunk's gathered K/V ([c, h_kv, T*B, d] fp32) would stay alive until
     # the backward: 2 * 2048 * 64 * 1024 * 128 * 4 B = 128 GiB for a 2048-token check at h_kv = 64,
@@ -320,7 +338,8 @@ def window_attention(
     g = h // h_kv
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
     qg = q.to(dt).view(total, h_kv, g, d)
-    k_t, v_t = k.to(dt).transpose(0, 1), v.to(dt).transpose(0, 1)
+    k_t = k.to(dt).transpose(0, 1)
+    v_t, bad = _finite_values(v.to(dt).transpose(0, 1))
     seq = sequence_ids(cu_seqlens, total)
     step = max(1, min(total, _CHUNK_BUDGET // max(1, (window_size + total) * h)))
     outs, lses = [], []
@@ -330,7 +349,8 @@ def window_attention(
         t = torch.arange(lo, hi, device=q.device)[:, None]
         key = torch.arange(k_lo, hi, device=q.device)[None, :]
         mask = (seq[lo:hi, None] == seq[None, k_lo:hi]) & (key <= t) & (key > t - window_size)
-        o, lse = _softmax_attend(qg[lo:hi], k_t[:, k_lo:hi], v_t[:, k_lo:hi], mask[:, None, None, :], scale)
+        keys = slice(k_lo, hi)
+        o, lse = _softmax_attend(qg[lo:hi], k_t[:, keys], v_t[:, keys], bad[:, keys], mask[:, None, None, :], scale)
         outs.append(o)
         lses.append(lse)
     return _cat(outs, (0, h_kv, g, d), q, dt).reshape(total, h, d), _cat(lses, (0, h_kv, g), q, dt).reshape(total, h)

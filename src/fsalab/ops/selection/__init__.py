@@ -28,6 +28,7 @@ from ...checks import (
     check_attention_inputs,
     check_block_idx,
     check_block_idx_values,
+    check_block_size,
 )
 
 # impl name -> (module relative to this package, function name)
@@ -72,6 +73,7 @@ def selected_attention(
     check_attention_inputs(q, k, v, cu_seqlens, REFERENCE_DTYPES if impl == "reference" else KERNEL_DTYPES)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"k/v must have one row per token of q ({q.shape[0]}), got {k.shape[0]}")
+    check_block_size(block_size, impl)
     check_block_idx(block_idx, q.shape[0], k.shape[1])
     if block_idx.device != q.device:
         raise ValueError(f"block_idx is on {block_idx.device}, expected {q.device}")

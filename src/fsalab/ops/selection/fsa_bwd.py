@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .._triton import LOG2E_C
-from .fsa_partials import _gather_rows, _work_item
+from .fsa_partials import _finite_values, _gather_rows, _work_item
 
 
 @triton.jit
@@ -91,7 +91,10 @@ def _dkdv_subtile(
     kmask = (c < kl)[:, None] & dmask[None, :]
     kp = (kb + c).to(tl.int64)[:, None] * stride_kt + hk * stride_kh + dd[None, :]
     k_blk = tl.load(k + kp, mask=kmask, other=0.0)
-    v_blk = tl.load(v + kp, mask=kmask, other=0.0)
+    # Non-finite values zeroed (``_finite_values``): dP = dO V^T of a row that cannot see such a
+    # key would be NaN there and reach dK through p = 0; rows that do see it have a NaN output,
+    # hence a NaN delta, and keep their NaN gradients.
+    v_blk, _ = _finite_values(tl.load(v + kp, mask=kmask, other=0.0))
     dk_acc = tl.zeros([BLOCK_N, D], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, D], tl.float32)
     for mt in range(n_mt):

@@ -70,6 +70,24 @@ def _gather_rows(token_ids, p_row, t0, ii, row_len, hq, dd, dmask, stride_qt, st
 
 
 @triton.jit
+def _finite_values(v_blk):
+    """(v_blk with non-finite entries zeroed, [BLOCK_N] 1 where a key's value was not finite).
+
+    A tile's queries mask keys causally one by one, but share one P @ V product, where a masked
+    key's p = 0 times a NaN/Inf value would still be NaN: zeroing those values keeps a later
+    token's NaN out of earlier tokens; the flag then gives NaN to exactly the rows that attend
+    such a key (``_attends_bad``)."""
+    finite = tl.abs(v_blk.to(tl.float32)) < float("inf")  # False for NaN and +-Inf
+    return tl.where(finite, v_blk, tl.zeros_like(v_blk)), tl.max(tl.where(finite, 0, 1), 1)
+
+
+@triton.jit
+def _attends_bad(live, v_bad):
+    """[BLOCK_M] 1 where a row attends (``live``) a key whose value was not finite."""
+    return tl.max(tl.where(live, v_bad[None, :], 0), 1)
+
+
+@triton.jit
 def _partial_kernel(
     q, k, v, do, lse, delta, obuf, lbuf,
     row_ptr, token_ids, blk_start, blk_len, blk_local,
@@ -121,7 +139,7 @@ def _partial_kernel(
         kp = (kb + cn).to(tl.int64)[:, None] * stride_kt + hk * stride_kh + dd[None, :]
         k_blk = tl.load(k + kp, mask=kmask, other=0.0)
         if MODE != STATS:
-            v_blk = tl.load(v + kp, mask=kmask, other=0.0)
+            v_blk, v_bad = _finite_values(tl.load(v + kp, mask=kmask, other=0.0))
 
     for mt in range(n_mt):
         valid, pos, tok, qp, qmask, lp = _gather_rows(
@@ -136,6 +154,7 @@ def _partial_kernel(
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
+        bad = tl.zeros([BLOCK_M], tl.int32)
         for kt in range(NUM_KT):
             c = kt * BLOCK_N + cn
             if NUM_KT > 1:
@@ -143,9 +162,11 @@ def _partial_kernel(
                 kp = (kb + c).to(tl.int64)[:, None] * stride_kt + hk * stride_kh + dd[None, :]
                 k_blk = tl.load(k + kp, mask=kmask, other=0.0)
                 if MODE != STATS:
-                    v_blk = tl.load(v + kp, mask=kmask, other=0.0)
+                    v_blk, v_bad = _finite_values(tl.load(v + kp, mask=kmask, other=0.0))
             # Causal inside the own block: key position <= query position (same sequence).
             live = valid[:, None] & (c < kl)[None, :] & ((kb + c)[None, :] <= tok[:, None])
+            if MODE == PAPER or MODE == FAST:
+                bad = tl.maximum(bad, _attends_bad(live, v_bad))
             s = tl.dot(q_t, tl.trans(k_blk), input_precision=PREC) * qk_scale
             s = tl.where(live, s, float("-inf"))
             if MODE == PAPER:
@@ -172,6 +193,8 @@ def _partial_kernel(
         if MODE != STATS:
             if MODE == FAST:
                 acc = acc * (1.0 / tl.where(l > 0, l, 1.0))[:, None]  # one division per row
+            if MODE == PAPER or MODE == FAST:
+                acc = tl.where(bad[:, None] > 0, float("nan"), acc)
             if MODE == DQ:
                 acc = acc * sm_scale
             tl.store(obuf + brow[:, None] * d + dd[None, :], acc.to(obuf.dtype.element_ty), mask=qmask)

@@ -119,8 +119,11 @@ def test_a_failing_contender_is_an_error_row_and_the_others_land(tmp_path, monke
 
         return ops.BoundOp(op, impl, fn, bound.reference, bound.need_indices, bound.sources)
 
-    real_parts = ops.nsa_parts
+    real_parts, real_known = ops.nsa_parts, ops.known_impls
     monkeypatch.setattr(ops, "bind", bind)
+    # Both names pass the grid's typo check (as a registered impl would); "no_such_impl" then
+    # fails to bind, like an impl missing on this machine.
+    monkeypatch.setattr(ops, "known_impls", lambda op: (*real_known(op), "flaky", "no_such_impl"))
     monkeypatch.setattr(ops, "nsa_parts", lambda impl, options=None: real_parts("reference" if impl == "flaky" else impl, options))
     exp = _experiment([{"op": "nsa_attention", "impl": "reference"}, {"op": "nsa_attention", "impl": "flaky"},
                        {"op": "nsa_attention", "impl": "no_such_impl"}, {"op": "full_attention", "impl": "reference"}],

@@ -84,16 +84,13 @@ def record() -> list[dict]:
 
 
 def _kernel(module: str, name: str):
-    """The launchable object, the configs it would be built with on a GPU, and its heuristics
-    (constexprs computed from the others, e.g. from a config's tiles), outermost first."""
+    """The launchable object and the configs it would be built with on a GPU."""
     obj = getattr(importlib.import_module(module), name)
     configs = getattr(obj, "configs", None)
-    jit, heuristics = obj, []
+    jit = obj
     while not hasattr(jit, "arg_names") or hasattr(jit, "configs") or hasattr(jit, "values"):
-        if hasattr(jit, "values"):
-            heuristics.append(jit.values)
         jit = jit.fn
-    return jit, configs, heuristics
+    return jit, configs
 
 
 def _build(launch: dict) -> list[str]:
@@ -106,7 +103,7 @@ def _build(launch: dict) -> list[str]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    jit, configs, heuristics = _kernel(launch["module"], launch["name"])
+    jit, configs = _kernel(launch["module"], launch["name"])
     errors, over = [], []
     for cfg in configs or [None]:
         const = dict(launch["constexprs"])
@@ -114,8 +111,6 @@ def _build(launch: dict) -> list[str]:
         if cfg is not None:
             const.update(cfg.kwargs)
             options.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        for values in heuristics:  # recomputed for this config's tiles, as the launch would
-            const.update({k: fn(const) for k, fn in values.items()})
         names = jit.arg_names
         sig = {n: launch["signature"].get(n, "constexpr") for n in names}
         src = ASTSource(fn=jit, signature=sig, constexprs={(names.index(k),): v for k, v in const.items() if k in names})

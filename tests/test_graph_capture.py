@@ -13,24 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fsalab.bench.timing import capture_graph
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
 from fsalab.testing import cu_seqlens_of
-
-
-def captured(step, warmup: int = 3) -> torch.cuda.CUDAGraph:
-    """``step`` captured after ``warmup`` eager calls on a side stream (autotuning, ``auto``'s
-    profiling and the allocator's first allocations happen there, outside the capture)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph
 
 
 def _replay_matches_eager(params, x, forward):
@@ -47,7 +33,8 @@ def _replay_matches_eager(params, x, forward):
         out["y"] = y
         grads["g"] = [p.grad for p in params]
 
-    graph = captured(step)
+    graph = capture_graph(step, torch.device("cuda"), warmup=3)
+    assert graph.ok, graph.status
     with torch.no_grad():
         x.copy_(torch.randn_like(x))
     graph.replay()

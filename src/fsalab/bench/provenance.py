@@ -129,7 +129,15 @@ def _version(dist: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def git_state() -> dict:
-    """Commit hash and dirtiness of the checkout the package runs from (None outside git)."""
+    """Commit hash and dirtiness of the checkout the package runs from (None outside git).
+
+    ``FSALAB_SOURCE_COMMIT=<sha>`` names the commit instead (dirtiness then False): for a copy
+    of a clean checkout whose own ``.git`` lags its files, as on the lent GPU machine, where the
+    device tool copies the working tree but not its git state (docs/workflow.md).
+    """
+    claimed = os.environ.get("FSALAB_SOURCE_COMMIT")
+    if claimed:
+        return {"git_commit": claimed, "git_dirty": False}
 
     def git(*args: str) -> str | None:
         try:

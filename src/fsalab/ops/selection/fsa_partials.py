@@ -140,6 +140,7 @@ def _partial_kernel(
         k_blk = tl.load(k + kp, mask=kmask, other=0.0)
         if MODE != STATS:
             v_blk, v_bad = _finite_values(tl.load(v + kp, mask=kmask, other=0.0))
+            any_bad = tl.max(v_bad, 0)
 
     for mt in range(n_mt):
         valid, pos, tok, qp, qmask, lp = _gather_rows(
@@ -163,10 +164,12 @@ def _partial_kernel(
                 k_blk = tl.load(k + kp, mask=kmask, other=0.0)
                 if MODE != STATS:
                     v_blk, v_bad = _finite_values(tl.load(v + kp, mask=kmask, other=0.0))
+                    any_bad = tl.max(v_bad, 0)
             # Causal inside the own block: key position <= query position (same sequence).
             live = valid[:, None] & (c < kl)[None, :] & ((kb + c)[None, :] <= tok[:, None])
             if MODE == PAPER or MODE == FAST:
-                bad = tl.maximum(bad, _attends_bad(live, v_bad))
+                if any_bad > 0:  # one flag per key tile: tiles of finite values skip the row reduction
+                    bad = tl.maximum(bad, _attends_bad(live, v_bad))
             s = tl.dot(q_t, tl.trans(k_blk), input_precision=PREC) * qk_scale
             s = tl.where(live, s, float("-inf"))
             if MODE == PAPER:

@@ -192,8 +192,11 @@ def interleaved(
 
     Every callable is called ``warmup`` times untimed first (compile, autotune, ``auto`` dispatch
     profiling). Then each round calls every still-active callable once, in ``fns`` order: with
-    ``cuda_events`` (``auto`` on CUDA; ``do_bench`` is taken to mean it) after zeroing a 256 MiB
-    buffer (L2 flush), between two CUDA events, with one device sync per round to read them;
+    ``cuda_events`` (``auto`` on CUDA; ``do_bench`` is taken to mean it) from an idle device
+    (synced), after zeroing a 256 MiB buffer (L2 flush), between two CUDA events read at the
+    round's end. The sync before each call matters where a call is host-bound: without it, a
+    call launched while the previous one still runs hides its launch time behind that call's
+    kernels, so every callable but the round's first was timed faster than it runs alone;
     with ``wallclock``, by ``time.perf_counter`` around the call, syncing before and after. A
     callable that raises drops out with its exception; the others go on.
     """
@@ -219,6 +222,7 @@ def interleaved(
             try:
                 if cuda:
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    torch.cuda.synchronize(device)
                     flush.zero_()
                     start.record()
                     fns[name]()
@@ -236,7 +240,7 @@ def interleaved(
             torch.cuda.synchronize(device)
             for name, (start, end) in events.items():
                 samples[name].append(float(start.elapsed_time(end)))
-    settings = {"interleaved": list(fns), "warmup": warmup, "l2_flush": cuda, "rounds": rounds.rounds, "min_rounds": rounds.min_rounds,
+    settings = {"interleaved": list(fns), "warmup": warmup, "l2_flush": cuda, "synced_before_each_call": True, "rounds": rounds.rounds, "min_rounds": rounds.min_rounds,
                 "rep_ms": rounds.rep_ms, "budget_ms": rounds.budget_ms, "max_rounds": rounds.max_rounds}
     for name, xs in samples.items():
         if name not in results:

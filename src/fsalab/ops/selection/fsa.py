@@ -52,6 +52,7 @@ from .fsa_partials import (
     STATS,
     SUM,
     _merge_kernel,
+    _nonfinite_blocks_kernel,
     _partial_kernel,
 )
 from .index import SelectionIndex, build_selection_index
@@ -122,8 +123,20 @@ def _strides(pb: _Problem) -> tuple[int, ...]:
     return pb.q.stride(0), pb.q.stride(1), pb.k.stride(0), pb.k.stride(1), pb.h
 
 
-def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_switches=None, do=None, lse=None, delta=None):
-    """Run _partial_kernel over one chunk: from a work list, or on the paper's grid."""
+def _nonfinite_blocks(pb: _Problem) -> torch.Tensor:
+    """int32 [h_kv * cap]: 1 for the CSR rows (KV head, block) whose values hold a NaN or Inf."""
+    flags = torch.empty(pb.h_kv * pb.cap, dtype=torch.int32, device=pb.q.device)
+    _nonfinite_blocks_kernel[(pb.cap, pb.h_kv)](
+        pb.v, pb.index.block_start, pb.index.block_len, flags, pb.cap, pb.v.stride(0), pb.v.stride(1), pb.d,
+        BLOCK_N=min(64, pb.block_size), D=pb.D,
+    )
+    return flags
+
+
+def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_switches=None, do=None, lse=None, delta=None,
+                    v_bad_rows=None):
+    """Run _partial_kernel over one chunk: from a work list, or on the paper's grid. PAPER and
+    FAST take ``v_bad_rows`` (``_nonfinite_blocks``)."""
     ix = pb.index
     G = tiles.block_m // tiles.tok
     r_begin, r_end = chunk.hk0 * pb.cap, (chunk.hk0 + chunk.n_kv) * pb.cap
@@ -140,6 +153,7 @@ def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_swit
     _partial_kernel[(grid,)](
         pb.q, pb.k, pb.v, dummy if do is None else do, dummy if lse is None else lse,
         dummy if delta is None else delta, dummy if obuf is None else obuf, dummy if lbuf is None else lbuf,
+        dummy if v_bad_rows is None else v_bad_rows,
         ix.row_ptr, ix.token_ids, ix.block_start, ix.block_len, ix.block_local,
         first, item_row, item_sub, max_rest,
         *_strides(pb),
@@ -189,9 +203,10 @@ def _forward_fast(pb: _Problem):
     chunks = plan.head_chunks(pb.h_kv, pb.g, pb.total * pb.topk * (pb.d * pb.q.element_size() + 4))
     obuf, lbuf = _chunk_buffers(pb, chunks, pb.q.dtype, True)
     works: dict = {}
+    v_bad_rows = _nonfinite_blocks(pb)
     for c in chunks:
         tiles = plan.fwd_tiles(c.heads, pb.D, pb.block_size, paper=False)
-        _launch_partial(pb, c, tiles, FAST, obuf, lbuf, work=_work(pb, tiles, works))
+        _launch_partial(pb, c, tiles, FAST, obuf, lbuf, work=_work(pb, tiles, works), v_bad_rows=v_bad_rows)
         _launch_merge(pb, c, LSE, obuf, lbuf, o, lse)
     return o, lse
 
@@ -210,10 +225,11 @@ def _forward_paper(pb: _Problem, inner_loop: bool, early_return: bool):
     obuf, lbuf = _chunk_buffers(pb, chunks, pb.q.dtype, True)
     switches = _paper_switches(pb, early_return)
     tiles = plan.fwd_tiles(1, pb.D, pb.block_size, paper=True, inner_loop=inner_loop)
+    v_bad_rows = _nonfinite_blocks(pb)
     for c in chunks:
         _launch_partial(pb, c, tiles, STATS, None, lbuf, paper_switches=switches)
         _launch_merge(pb, c, LSE_ONLY, None, lbuf, None, lse)
-        _launch_partial(pb, c, tiles, PAPER, obuf, None, paper_switches=switches, lse=lse)
+        _launch_partial(pb, c, tiles, PAPER, obuf, None, paper_switches=switches, lse=lse, v_bad_rows=v_bad_rows)
         _launch_merge(pb, c, SUM, obuf, None, o, None)
     return o, lse
 

@@ -88,8 +88,28 @@ def _attends_bad(live, v_bad):
 
 
 @triton.jit
+def _nonfinite_blocks_kernel(v, blk_start, blk_len, flags, cap, stride_kt, stride_kh, d,
+                             BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """One program per (global block, KV head): flags[kv_head * cap + block] (the block's CSR row)
+    = 1 where the block's values hold a NaN or Inf, else 0. One read of V, so that the partial
+    kernel's common path never inspects its V tiles (doing so there cost 3-30 %: docs/perf-log.md)."""
+    gb = tl.program_id(0)
+    hk = tl.program_id(1)
+    kb = tl.load(blk_start + gb)
+    kl = tl.load(blk_len + gb)
+    cn = tl.arange(0, BLOCK_N)
+    dd = tl.arange(0, D)
+    bad = tl.zeros([], tl.int32)
+    for c0 in range(0, kl, BLOCK_N):
+        mask = ((c0 + cn) < kl)[:, None] & (dd < d)[None, :]
+        x = tl.load(v + (kb + c0 + cn).to(tl.int64)[:, None] * stride_kt + hk * stride_kh + dd[None, :], mask=mask, other=0.0)
+        bad = tl.maximum(bad, tl.max(tl.max(tl.where(tl.abs(x.to(tl.float32)) < float("inf"), 0, 1), 1), 0))
+    tl.store(flags + hk * cap + gb, bad)
+
+
+@triton.jit
 def _partial_kernel(
-    q, k, v, do, lse, delta, obuf, lbuf,
+    q, k, v, do, lse, delta, obuf, lbuf, v_bad_rows,
     row_ptr, token_ids, blk_start, blk_len, blk_local,
     first, item_row, item_sub, max_rest,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_lt,
@@ -98,6 +118,9 @@ def _partial_kernel(
     BLOCK_N: tl.constexpr, NUM_KT: tl.constexpr, D: tl.constexpr,
     MODE: tl.constexpr, TABLE: tl.constexpr, EARLY_RETURN: tl.constexpr, PREC: tl.constexpr,
 ):
+    """One program per work item (see the module docstring). In PAPER and FAST, ``v_bad_rows``
+    [h_kv * cap] (``_nonfinite_blocks_kernel``) sends the rare blocks whose values hold a NaN or
+    Inf to a containing copy of the tiles (``CONTAIN``); the others run the plain tiles."""
     pid = tl.program_id(0)
     if TABLE:
         r, sub, ok = _work_item(pid, first, item_row, item_sub, r_begin, r_end)
@@ -126,7 +149,30 @@ def _partial_kernel(
     base = tl.load(row_ptr + r_begin)
     kb = tl.load(blk_start + gb)
     kl = tl.load(blk_len + gb)
+    if MODE == PAPER or MODE == FAST:
+        if tl.load(v_bad_rows + r) != 0:
+            _partial_tiles(q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c0, n_mt, base, kb, kl, hk, jp,
+                           stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale, sm_scale,
+                           G, TOK, BLOCK_M, BLOCK_N, NUM_KT, D, MODE, PREC, True)
+        else:
+            _partial_tiles(q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c0, n_mt, base, kb, kl, hk, jp,
+                           stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale, sm_scale,
+                           G, TOK, BLOCK_M, BLOCK_N, NUM_KT, D, MODE, PREC, False)
+    else:
+        _partial_tiles(q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c0, n_mt, base, kb, kl, hk, jp,
+                       stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale, sm_scale,
+                       G, TOK, BLOCK_M, BLOCK_N, NUM_KT, D, MODE, PREC, False)
 
+
+@triton.jit
+def _partial_tiles(
+    q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c0, n_mt, base, kb, kl, hk, jp,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale, sm_scale,
+    G: tl.constexpr, TOK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KT: tl.constexpr,
+    D: tl.constexpr, MODE: tl.constexpr, PREC: tl.constexpr, CONTAIN: tl.constexpr,
+):
+    """The n_mt tiles of one program: entries c0 .. of CSR row (hk, block at kb of kl keys).
+    CONTAIN: values zeroed where not finite (``_finite_values``), rows attending such a key NaN."""
     ii = tl.arange(0, BLOCK_M) // G  # token of each tile row
     jj = tl.arange(0, BLOCK_M) % G  # head of each tile row
     hq = hk * g + j0 + jp + jj  # query head of each tile row
@@ -139,8 +185,9 @@ def _partial_kernel(
         kp = (kb + cn).to(tl.int64)[:, None] * stride_kt + hk * stride_kh + dd[None, :]
         k_blk = tl.load(k + kp, mask=kmask, other=0.0)
         if MODE != STATS:
-            v_blk, v_bad = _finite_values(tl.load(v + kp, mask=kmask, other=0.0))
-            any_bad = tl.max(v_bad, 0)
+            v_blk = tl.load(v + kp, mask=kmask, other=0.0)
+            if CONTAIN:
+                v_blk, v_bad = _finite_values(v_blk)
 
     for mt in range(n_mt):
         valid, pos, tok, qp, qmask, lp = _gather_rows(
@@ -155,7 +202,8 @@ def _partial_kernel(
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        bad = tl.zeros([BLOCK_M], tl.int32)
+        if CONTAIN:
+            bad = tl.zeros([BLOCK_M], tl.int32)
         for kt in range(NUM_KT):
             c = kt * BLOCK_N + cn
             if NUM_KT > 1:
@@ -163,13 +211,13 @@ def _partial_kernel(
                 kp = (kb + c).to(tl.int64)[:, None] * stride_kt + hk * stride_kh + dd[None, :]
                 k_blk = tl.load(k + kp, mask=kmask, other=0.0)
                 if MODE != STATS:
-                    v_blk, v_bad = _finite_values(tl.load(v + kp, mask=kmask, other=0.0))
-                    any_bad = tl.max(v_bad, 0)
+                    v_blk = tl.load(v + kp, mask=kmask, other=0.0)
+                    if CONTAIN:
+                        v_blk, v_bad = _finite_values(v_blk)
             # Causal inside the own block: key position <= query position (same sequence).
             live = valid[:, None] & (c < kl)[None, :] & ((kb + c)[None, :] <= tok[:, None])
-            if MODE == PAPER or MODE == FAST:
-                if any_bad > 0:  # one flag per key tile: tiles of finite values skip the row reduction
-                    bad = tl.maximum(bad, _attends_bad(live, v_bad))
+            if CONTAIN:
+                bad = tl.maximum(bad, _attends_bad(live, v_bad))
             s = tl.dot(q_t, tl.trans(k_blk), input_precision=PREC) * qk_scale
             s = tl.where(live, s, float("-inf"))
             if MODE == PAPER:
@@ -196,7 +244,7 @@ def _partial_kernel(
         if MODE != STATS:
             if MODE == FAST:
                 acc = acc * (1.0 / tl.where(l > 0, l, 1.0))[:, None]  # one division per row
-            if MODE == PAPER or MODE == FAST:
+            if CONTAIN:
                 acc = tl.where(bad[:, None] > 0, float("nan"), acc)
             if MODE == DQ:
                 acc = acc * sm_scale

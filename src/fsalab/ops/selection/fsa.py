@@ -136,7 +136,8 @@ def _nonfinite_blocks(pb: _Problem) -> torch.Tensor:
 def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_switches=None, do=None, lse=None, delta=None,
                     v_bad_rows=None):
     """Run _partial_kernel over one chunk: from a work list, or on the paper's grid. PAPER and
-    FAST take ``v_bad_rows`` (``_nonfinite_blocks``)."""
+    FAST take ``v_bad_rows`` (``_nonfinite_blocks``) and launch twice: plain, then the containing
+    pass over the flagged rows."""
     ix = pb.index
     G = tiles.block_m // tiles.tok
     r_begin, r_end = chunk.hk0 * pb.cap, (chunk.hk0 + chunk.n_kv) * pb.cap
@@ -150,19 +151,20 @@ def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_swit
         grid = (r_end - r_begin) * hp * n_sub
         first = item_row = item_sub = ix.row_ptr
     dummy = pb.q
-    _partial_kernel[(grid,)](
-        pb.q, pb.k, pb.v, dummy if do is None else do, dummy if lse is None else lse,
-        dummy if delta is None else delta, dummy if obuf is None else obuf, dummy if lbuf is None else lbuf,
-        dummy if v_bad_rows is None else v_bad_rows,
-        ix.row_ptr, ix.token_ids, ix.block_start, ix.block_len, ix.block_local,
-        first, item_row, item_sub, max_rest,
-        *_strides(pb),
-        r_begin, r_end, pb.cap, pb.g, chunk.j0, chunk.heads, n_sub, pb.d, pb.scale * LOG2E, pb.scale,
-        HP=hp, G=G, TOK=tiles.tok, BLOCK_M=tiles.block_m, NUM_MT=tiles.num_mt,
-        BLOCK_N=tiles.block_n, NUM_KT=triton.cdiv(pb.block_size, tiles.block_n), D=pb.D,
-        MODE=mode, TABLE=work is not None, EARLY_RETURN=early, PREC=pb.prec,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )
+    for contain in (False, True) if v_bad_rows is not None else (False,):
+        _partial_kernel[(grid,)](
+            pb.q, pb.k, pb.v, dummy if do is None else do, dummy if lse is None else lse,
+            dummy if delta is None else delta, dummy if obuf is None else obuf, dummy if lbuf is None else lbuf,
+            dummy if v_bad_rows is None else v_bad_rows,
+            ix.row_ptr, ix.token_ids, ix.block_start, ix.block_len, ix.block_local,
+            first, item_row, item_sub, max_rest,
+            *_strides(pb),
+            r_begin, r_end, pb.cap, pb.g, chunk.j0, chunk.heads, n_sub, pb.d, pb.scale * LOG2E, pb.scale,
+            HP=hp, G=G, TOK=tiles.tok, BLOCK_M=tiles.block_m, NUM_MT=tiles.num_mt,
+            BLOCK_N=tiles.block_n, NUM_KT=triton.cdiv(pb.block_size, tiles.block_n), D=pb.D,
+            MODE=mode, TABLE=work is not None, EARLY_RETURN=early, PREC=pb.prec, CONTAIN=contain,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        )
 
 
 def _launch_merge(pb, chunk, mode, obuf, lbuf, out, lse_out):

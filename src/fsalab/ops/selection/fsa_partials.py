@@ -91,8 +91,7 @@ def _attends_bad(live, v_bad):
 def _nonfinite_blocks_kernel(v, blk_start, blk_len, flags, cap, stride_kt, stride_kh, d,
                              BLOCK_N: tl.constexpr, D: tl.constexpr):
     """One program per (global block, KV head): flags[kv_head * cap + block] (the block's CSR row)
-    = 1 where the block's values hold a NaN or Inf, else 0. One read of V, so that the partial
-    kernel's common path never inspects its V tiles (doing so there cost 3-30 %: docs/perf-log.md)."""
+    = 1 where the block's values hold a NaN or Inf, else 0 (one read of V)."""
     gb = tl.program_id(0)
     hk = tl.program_id(1)
     kb = tl.load(blk_start + gb)
@@ -117,10 +116,14 @@ def _partial_kernel(
     HP: tl.constexpr, G: tl.constexpr, TOK: tl.constexpr, BLOCK_M: tl.constexpr, NUM_MT: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_KT: tl.constexpr, D: tl.constexpr,
     MODE: tl.constexpr, TABLE: tl.constexpr, EARLY_RETURN: tl.constexpr, PREC: tl.constexpr,
+    CONTAIN: tl.constexpr,
 ):
-    """One program per work item (see the module docstring). In PAPER and FAST, ``v_bad_rows``
-    [h_kv * cap] (``_nonfinite_blocks_kernel``) sends the rare blocks whose values hold a NaN or
-    Inf to a containing copy of the tiles (``CONTAIN``); the others run the plain tiles."""
+    """One program per work item (see the module docstring). PAPER and FAST run twice: plain
+    (CONTAIN=False) over every row, then CONTAIN=True over the rows that ``v_bad_rows``
+    [h_kv * cap] (``_nonfinite_blocks_kernel``) flags, whose partials it overwrites with values
+    that keep NaN/Inf causal. The rare case costs a second launch of programs that mostly return
+    at once; the plain tiles stay those of a kernel without containment (a branch between the two
+    inside one launch, or flag checks in every tile, cost up to 1.5x: docs/perf-log.md)."""
     pid = tl.program_id(0)
     if TABLE:
         r, sub, ok = _work_item(pid, first, item_row, item_sub, r_begin, r_end)
@@ -149,19 +152,12 @@ def _partial_kernel(
     base = tl.load(row_ptr + r_begin)
     kb = tl.load(blk_start + gb)
     kl = tl.load(blk_len + gb)
-    if MODE == PAPER or MODE == FAST:
-        if tl.load(v_bad_rows + r) != 0:
-            _partial_tiles(q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c0, n_mt, base, kb, kl, hk, jp,
-                           stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale, sm_scale,
-                           G, TOK, BLOCK_M, BLOCK_N, NUM_KT, D, MODE, PREC, True)
-        else:
-            _partial_tiles(q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c0, n_mt, base, kb, kl, hk, jp,
-                           stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale, sm_scale,
-                           G, TOK, BLOCK_M, BLOCK_N, NUM_KT, D, MODE, PREC, False)
-    else:
-        _partial_tiles(q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c0, n_mt, base, kb, kl, hk, jp,
-                       stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale, sm_scale,
-                       G, TOK, BLOCK_M, BLOCK_N, NUM_KT, D, MODE, PREC, False)
+    if CONTAIN:  # the second launch: only the rows whose values hold a NaN or Inf
+        if tl.load(v_bad_rows + r) == 0:
+            return
+    _partial_tiles(q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c0, n_mt, base, kb, kl, hk, jp,
+                   stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale, sm_scale,
+                   G, TOK, BLOCK_M, BLOCK_N, NUM_KT, D, MODE, PREC, CONTAIN)
 
 
 @triton.jit

@@ -13,7 +13,7 @@ padding-row mask, and keep the backward deterministic without atomics:
 - dk/dv (one program per (row tile, head, offset i < s)) writes token start_r + i as the sum of
   its <= l/s windows, in registers; the tail of each sequence's last window is handled by the
   same program (tokens no window covers get 0);
-- dpe = w_k @ sum_r dk_cmp[r] (pe is added to every window), one small einsum.
+- dpe = w_k @ sum_r dk_cmp[r] (pe is added to every window), one small kernel.
 ``scripts/gpu/check_compression.py`` times it against the torch formulation.
 """
 
@@ -243,6 +243,30 @@ def _compress_dx_kernel(
             tl.store(out, acc.to(x_ptr.dtype.element_ty), mask=dst_ok[:, None] & y_ok[None, :])
 
 
+@triton.jit
+def _compress_dpe_kernel(
+    dkc_ptr, wk_ptr, dpe_ptr, tab_ptr, rows, s_gt, s_gh, s_wh, s_wx, s_ph,
+    HEAD_DIM: tl.constexpr, LX: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_X: tl.constexpr,
+):
+    """dpe[h, x] = sum_n w_k[h, x, n] * sum_r dk_cmp[r, h, n] over the valid rows (pe is added to
+    every window). One program per (head, tile of x); each sums the rows itself (rows x d, L2
+    hits) so that no program waits on another and the sum order is fixed (no atomics)."""
+    h = tl.program_id(0)
+    nn = tl.arange(0, D_PAD)
+    n_ok = nn < HEAD_DIM
+    dsum = tl.zeros([D_PAD], dtype=tl.float32)
+    for r0 in range(0, rows, BLOCK_R):
+        r = r0 + tl.arange(0, BLOCK_R)
+        valid = tl.load(tab_ptr + r, mask=r < rows, other=-1) >= 0
+        g = tl.load(dkc_ptr + r.to(tl.int64)[:, None] * s_gt + h * s_gh + nn[None, :], mask=valid[:, None] & n_ok[None, :], other=0.0)
+        dsum += tl.sum(g.to(tl.float32), axis=0)
+    xx = tl.program_id(1) * BLOCK_X + tl.arange(0, BLOCK_X)
+    x_ok = xx < LX
+    w = tl.load(wk_ptr + h * s_wh + xx[:, None] * s_wx + nn[None, :], mask=x_ok[:, None] & n_ok[None, :], other=0.0)
+    dpe = tl.sum(w.to(tl.float32) * dsum[None, :], axis=1)
+    tl.store(dpe_ptr + h * s_ph + xx, dpe.to(dpe_ptr.dtype.element_ty), mask=x_ok)
+
+
 def _tiles(d: int, cfg: NSAConfig, dtype: torch.dtype, rows: int) -> dict:
     return {"HEAD_DIM": d, "L": cfg.kernel_size, "S": cfg.kernel_stride, "DOT_PREC": _dot_precision(dtype),
             "size_bucket": rows.bit_length()}
@@ -264,13 +288,13 @@ class _CompressKV(torch.autograd.Function):
                 pe.stride(0), k_cmp.stride(0), k_cmp.stride(1), rows, batch, _search_steps(batch),
                 **_tiles(d, cfg, k.dtype, rows), **_meta(BLOCK_R=64, BLOCK_N=_next_pow2(max(d, 16)), BLOCK_K=512),
             )
-        ctx.save_for_backward(k, v, w_k, w_v, pe, cu_cmp, tab)
+        ctx.save_for_backward(k, v, w_k, w_v, pe, tab)
         ctx.cfg = cfg
         return k_cmp, v_cmp
 
     @staticmethod
     def backward(ctx, dk_cmp, dv_cmp):
-        k, v, w_k, w_v, pe, cu_cmp, tab = ctx.saved_tensors
+        k, v, w_k, w_v, pe, tab = ctx.saved_tensors
         cfg = ctx.cfg
         _, h_kv, d = k.shape
         rows = dk_cmp.shape[0]
@@ -299,11 +323,15 @@ class _CompressKV(torch.autograd.Function):
                 **_meta(BLOCK_X=1024, BLOCK_R=64, BLOCK_N=_next_pow2(max(d, 16))),
             )
         dpe = None
-        if ctx.needs_input_grad[4]:
-            # pe is added to every valid window: dpe[h] = w_k[h] @ sum_r dk_cmp[r, h].
-            valid = torch.arange(rows, device=k.device) < cu_cmp[-1]
-            dsum = (dk_cmp.float() * valid[:, None, None]).sum(0)
-            dpe = torch.einsum("hxn,hn->hx", w_k.float(), dsum).view_as(pe).to(pe.dtype)
+        if ctx.needs_input_grad[4] and not rows:
+            dpe = torch.zeros_like(pe)
+        elif ctx.needs_input_grad[4]:
+            dpe = torch.empty_like(pe, memory_format=torch.contiguous_format)
+            lx, block_x = cfg.kernel_size * d, 64
+            _compress_dpe_kernel[(h_kv, triton.cdiv(lx, block_x))](
+                dk_cmp, w_k, dpe, tab, rows, dk_cmp.stride(0), dk_cmp.stride(1), w_k.stride(0), w_k.stride(1),
+                dpe.stride(0), HEAD_DIM=d, LX=lx, D_PAD=_next_pow2(max(d, 16)), BLOCK_R=64, BLOCK_X=block_x,
+            )
         return dk, dv, dw_k, dw_v, dpe, None, None, None
 
 

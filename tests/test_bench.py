@@ -156,16 +156,6 @@ def test_provenance_fields():
         assert key in info
 
 
-def test_reproduction_without_results(tmp_path):
-    out = reproduction.write_reproduction("unit-none", tmp_path / "R.md", tmp_path)
-    text = out.read_text()
-    assert "| Theorem (§3.5) | FSA/NSA memory at g=4, (64,16) | 0.213 | 0.213 |  | reproduced |" in text
-    assert "not measured" in text
-    assert reproduction.verdict(1.5, 1.6) == "reproduced"
-    assert reproduction.verdict(3.0, 1.6) == "same direction"
-    assert reproduction.verdict(0.8, 1.6) == "not reproduced"
-
-
 def test_end_to_end_speedups_pair_each_panel_with_its_baselines():
     import pandas as pd
 

@@ -6,6 +6,7 @@
     fsalab bench-kernel --experiment kernel --op selected --impl fsa --N 65536 --g 4 ...
     fsalab bench-kernel --experiment kernel --all [--skip-existing]   the whole grid, in-process
     fsalab bench-dram --experiment dram --all                     DRAM bytes under Nsight Compute
+    fsalab bench-compile --experiment compile --all               first-call compile + autotune time
     fsalab bench-versus --experiment versus --all [--filter N65536]  NSA vs cuDNN, interleaved
     fsalab bench-train|bench-prefill|bench-convergence ...   end-to-end runners (fsalab.bench.*)
     fsalab theory --experiment theory --out results/<platform>/theory.csv
@@ -98,7 +99,7 @@ def _point_from_args(args, exp: dict) -> dict | None:
 
 # Point runners of kernel-level experiments: command -> experiment runner (module fsalab.bench.<runner>).
 # A runner module with its own run_points (versus: groups of points timed together) uses it.
-POINT_RUNNERS = {"bench-kernel": "kernel", "bench-dram": "dram", "bench-versus": "versus"}
+POINT_RUNNERS = {"bench-kernel": "kernel", "bench-dram": "dram", "bench-compile": "compile", "bench-versus": "versus"}
 
 
 def cmd_bench_kernel(args) -> int:
@@ -259,16 +260,19 @@ def cmd_notebook(args) -> int:
 
 
 def cmd_reproduction(args) -> int:
-    from .reproduction import write_reproduction
+    from .reproduction import update_readme, write_reproduction
 
     out = write_reproduction(args.platform, args.out, args.results_dir, args.figures)
     print(f"{out}", file=sys.stderr)
+    if args.readme:
+        print(f"{update_readme(args.readme, args.platform, args.results_dir)}", file=sys.stderr)
     return 0
 
 
 def kernel_parser(sub, command: str, experiment_args) -> None:
     """Arguments of the point runners (bench-kernel: timing; bench-dram: Nsight Compute DRAM bytes)."""
     what = {"bench-kernel": "time", "bench-dram": "profile the DRAM traffic of",
+            "bench-compile": "time the first call (Triton compile + autotune) of",
             "bench-versus": "time side by side (interleaved, eager and CUDA graph)"}[command]
     p = sub.add_parser(command, help=f"{what} kernel-level points (selected, compressed, window, full, nsa)")
     experiment_args(p)
@@ -347,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--results-dir")
     p.add_argument("--figures", help="folder holding the figures to link")
+    p.add_argument("--readme", help="also rewrite this README's generated blocks from the same results")
     p.set_defaults(func=cmd_reproduction)
     return parser
 

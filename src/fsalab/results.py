@@ -41,6 +41,7 @@ _NESTED = {
     "torch": ("provenance", "torch"),
     "triton": ("provenance", "triton"),
     "git_commit": ("provenance", "git_commit"),
+    "git_dirty": ("provenance", "git_dirty"),
     "timestamp": ("provenance", "timestamp"),
     # versus runner: median ms of each NSA branch timed alone
     **{f"split_{b}_ms": ("split_ms", b) for b in ("compression", "selection", "selected", "window", "gate")},

@@ -1,0 +1,147 @@
+"""REPRODUCTION.md and README against the tables they are built from; the verdict rules; the
+claims of every numbered artefact; hooks for experiments not run yet (compile, decode)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from fsalab import reproduction, results
+from fsalab.bench.grid import repo_root
+from fsalab.reproduction import artefacts, document
+from fsalab.reproduction.verdicts import VERDICTS, Claim, verdict
+
+ROOT = repo_root()
+
+
+def test_committed_reproduction_matches_the_tables():
+    """REPRODUCTION.md is what `fsalab reproduction` writes from the committed results/h200/
+    (the workflow's figures_platform): a hand edit or a stale file fails here."""
+    expected = document.reproduction_text("h200", ROOT / "results", "paper_figures")
+    assert (ROOT / "REPRODUCTION.md").read_text() == expected
+
+
+def test_committed_readme_blocks_match_the_tables():
+    text = (ROOT / "README.md").read_text()
+    assert document.render_readme(text, document.readme_blocks("h200", ROOT / "results")) == text
+
+
+def test_readme_block_edit_is_caught_and_markers_are_checked():
+    text = (ROOT / "README.md").read_text()
+    blocks = document.readme_blocks("h200", ROOT / "results")
+    edited = text.replace(blocks["versus-table"], blocks["versus-table"].replace("|", "| 9.99 |", 3))
+    assert edited != text and document.render_readme(edited, blocks) == text
+    with pytest.raises(ValueError, match="generated blocks"):
+        document.render_readme(text, {**blocks, "extra": "x\n"})
+
+
+@pytest.mark.parametrize(
+    ("ours", "paper", "kind", "expected"),
+    [
+        (1.5, 1.6, "higher", "reproduced"),
+        (2.5, 1.6, "higher", "exceeded"),
+        (1.1, 1.6, "higher", "same direction"),
+        (0.8, 1.6, "higher", "not reproduced"),
+        (0.1, 0.213, "lower", "exceeded"),
+        (7.15, 0.213, "lower", "not reproduced"),
+        (0.9, 0.7, "lower", "same direction"),
+        # a size has no better side: ten times the paper's slowdown is not reproduced
+        (1.66, 0.119, "magnitude", "not reproduced"),
+        (0.13, 0.119, "magnitude", "reproduced"),
+        (0.94, 1.0, "at_most", "reproduced"),
+        (0.97, 1.0, "at_most", "not reproduced"),
+        (1.06, 1.0, "at_least", "reproduced"),
+        (1.02, 1.0, "at_least", "not reproduced"),
+    ],
+)
+def test_verdict_rules(ours, paper, kind, expected):
+    assert verdict(ours, paper, kind) == expected
+
+
+def test_verdict_refuses_what_it_cannot_judge():
+    assert verdict(None, 1.6, "higher") == "not attempted (no measured rows)"
+    assert verdict(math.nan, 1.6, "higher", reason="needs an H20") == "not attempted (needs an H20)"
+    with pytest.raises(ValueError, match="kind"):
+        verdict(1.0, 1.0, "bigger")
+    with pytest.raises(ValueError, match="non-zero"):
+        verdict(1.0, 0.0, "magnitude")
+    assert Claim("Table 5", "x", 0.5, 1.0, "magnitude").ratio == 2.0
+
+
+def test_every_numbered_artefact_has_a_row():
+    rows = reproduction.claims("h200", ROOT / "results")
+    assert {name for r in rows for name in artefacts.artefact_names(r.artefact)} == set(artefacts.ORDER)
+    order = [artefacts.ORDER.index(artefacts.artefact_names(r.artefact)[0]) for r in rows]
+    assert order == sorted(order)
+    for r in rows:
+        assert r.verdict.split(" (")[0] in VERDICTS
+        if r.verdict.startswith("not attempted"):
+            assert r.verdict.endswith(")") and r.ours is None
+        else:
+            assert r.platform != "—" and (r.commits or r.platform == "formula")
+
+
+def test_artefact_names():
+    assert artefacts.artefact_names("Tables 12, 14 (App. I)") == ["Table 12", "Table 14"]
+    assert artefacts.artefact_names("Figure 11, stand-in") == ["Figure 11"]
+    assert artefacts.artefact_names("Theorem (§3.5), measured") == ["Theorem"]
+
+
+def test_h200_results_meet_h200_values():
+    rows = {(r.artefact, r.claim): r for r in reproduction.claims("h200", ROOT / "results")}
+    pv = results.paper_values()
+    mean = next(r for (a, c), r in rows.items() if a == "Abstract" and c.startswith("kernel") and c.endswith("mean"))
+    assert mean.paper == pv["kernel"]["vs_nsa"]["h200"]["mean"] and mean.paper_gpu == "H200"
+    buffers = [r for (a, _), r in rows.items() if a.startswith("Table 5")]
+    assert buffers and all(r.kind == "magnitude" for r in buffers)
+    ablation = [r for (a, _), r in rows.items() if a.startswith("Figure 9")]
+    assert ablation and all(r.verdict == "not reproduced" for r in ablation if r.ratio and r.ratio > 1.25)
+
+
+def _row(**kw) -> dict:
+    base = {c: None for c in results.COLUMNS}
+    base.update(status="ok", git_commit="abcdef0123", dtype="bfloat16", batch=1, h_kv=4, d=128, op="selected")
+    base.update(kw)
+    return base
+
+
+def test_not_run_experiments_turn_measured_when_their_rows_exist(tmp_path):
+    """Tables 10 and 11 read "not attempted" until `decode` / `compile` rows exist, then compare."""
+    (tmp_path / "h200").mkdir()
+    before = {r.claim: r for r in reproduction.claims("h200", tmp_path) if r.artefact.startswith(("Table 10", "Table 11"))}
+    assert all(r.verdict.startswith("not attempted") for r in before.values())
+    decode = [_row(experiment="decode", impl=i, N=n, g=16, block_size=64, topk=16, median_ms=ms)
+              for n in (32768, 65536) for i, ms in (("fsa", 0.5), ("nsa", 0.5), ("flash_decoding", 1.0))]
+    comp = [_row(experiment="compile", impl=i, N=n, g=4, block_size=b, topk=t, direction="fwd+bwd",
+                 median_ms=1.0, compile_s=s, cached_compile_s=s / 4, first_call_s=s + 1e-3)
+            for n in (32768, 65536) for b, t in ((64, 16), (128, 8)) for i, s in (("fsa", 2.0), ("nsa", 1.9))]
+    pd.DataFrame(decode).to_csv(tmp_path / "h200" / "decode.csv", index=False)
+    pd.DataFrame(comp).to_csv(tmp_path / "h200" / "compile.csv", index=False)
+    after = {r.claim: r for r in reproduction.claims("h200", tmp_path) if r.artefact.startswith(("Table 10", "Table 11"))}
+    assert after.keys() == before.keys()
+    by_claim = {c.split(",")[0]: r for c, r in after.items()}
+    assert by_claim["decode step FSA vs FlashDecoding"].ours == pytest.approx(2.0)
+    assert by_claim["decode step FSA vs NSA (\"matches NSA\")"].verdict == "reproduced"
+    fsa_s = next(r for c, r in after.items() if "FSA, mean" in c)
+    assert fsa_s.ours == pytest.approx(2.0) and fsa_s.commits == ("abcdef0",)
+    ratio = next(r for c, r in after.items() if "FSA / NSA" in c)
+    assert ratio.ours == pytest.approx(2.0 / 1.9) and ratio.verdict == "reproduced"
+
+
+def test_commits_of_marks_dirty_rows():
+    df = pd.DataFrame([{"status": "ok", "git_commit": "c3cd7d712b", "git_dirty": True},
+                       {"status": "ok", "git_commit": "1b987bd06d", "git_dirty": False},
+                       {"status": "error", "git_commit": "ffffffffff", "git_dirty": False}])
+    assert reproduction.commits_of(df) == ("1b987bd", "c3cd7d7 (dirty)")
+
+
+def test_reproduction_of_an_empty_platform(tmp_path):
+    rows = reproduction.claims("unit-none", tmp_path)
+    measured = [r for r in rows if not r.verdict.startswith("not attempted")]
+    assert {r.platform for r in measured} == {"formula"}  # only the Theorem's formulas need no results
+    text = reproduction.write_reproduction("unit-none", tmp_path / "R.md", tmp_path).read_text()
+    assert text.startswith("# Reproduction") and "## Verdict rules" in text
+    assert "| Theorem (§3.5) | FSA/NSA memory at g = 4, (64, 16), 64K (formulas) | 0.213 |" in text
+    assert "not attempted (`kernel` not run on this platform yet)" in text

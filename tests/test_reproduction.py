@@ -3,6 +3,7 @@ claims of every numbered artefact; hooks for experiments not run yet (compile, d
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
@@ -145,3 +146,49 @@ def test_reproduction_of_an_empty_platform(tmp_path):
     assert text.startswith("# Reproduction") and "## Verdict rules" in text
     assert "| Theorem (§3.5) | FSA/NSA memory at g = 4, (64, 16), 64K (formulas) | 0.213 |" in text
     assert "not attempted (`kernel` not run on this platform yet)" in text
+
+
+def _point_file(folder, point: str, commit: str | None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{point}.json").write_text(json.dumps({"point": point, "provenance": {"git_commit": commit}}))
+
+
+def test_supersede_sets_aside_rows_of_older_commits(tmp_path):
+    head = "0123456789abcdef0123456789abcdef01234567"
+    kernel = tmp_path / "h200" / "kernel"
+    _point_file(kernel, "a", head)
+    _point_file(kernel, "b", "fedcba9876543210fedcba9876543210fedcba98")  # unknown to git: older
+    _point_file(kernel, "c", None)
+    (kernel / "notes.json").write_text("{}")  # not a result row: stays
+    _point_file(tmp_path / "h200" / "dram", "d", "fedcba9876543210fedcba9876543210fedcba98")
+    assert results.supersede("h200", head[:7], tmp_path, ["kernel"], dry_run=True)
+    assert sorted(p.name for p in kernel.iterdir()) == ["a.json", "b.json", "c.json", "notes.json"]
+    moves = results.supersede("h200", head[:7], tmp_path, ["kernel"])
+    assert [m.split("/")[-1] for _, m in moves] == ["b.fedcba9.json", "c.unknown.json"]
+    assert sorted(p.name for p in kernel.iterdir()) == ["a.json", "notes.json"]
+    assert (tmp_path / "h200" / "superseded" / "kernel" / "b.fedcba9.json").is_file()
+    assert (tmp_path / "h200" / "dram" / "d.json").is_file()  # not among the experiments asked for
+    assert results.supersede("h200", head, tmp_path, ["kernel"]) == []  # idempotent
+
+
+def test_commit_order_from_git():
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    parent = subprocess.run(["git", "rev-parse", "HEAD~1"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if not parent:
+        pytest.skip("a checkout without history")
+    assert results.measured_at_or_after(head, parent)
+    assert not results.measured_at_or_after(parent, head)
+    assert results.measured_at_or_after(head[:7], head) and not results.measured_at_or_after(None, head)
+
+
+def test_git_commit_named_by_the_environment(monkeypatch):
+    from fsalab.bench import provenance
+
+    provenance.git_state.cache_clear()
+    monkeypatch.setenv("FSALAB_GIT_COMMIT", "0123456789abcdef")
+    try:
+        assert provenance.git_state() == {"git_commit": "0123456789abcdef", "git_dirty": None, "git_commit_from": "env"}
+    finally:
+        provenance.git_state.cache_clear()

@@ -10,6 +10,7 @@
     fsalab bench-versus --experiment versus --all [--filter N65536]  NSA vs cuDNN, interleaved
     fsalab bench-train|bench-prefill|bench-convergence ...   end-to-end runners (fsalab.bench.*)
     fsalab theory --experiment theory --out results/<platform>/theory.csv
+    fsalab supersede --platform h200 --min-commit SHA [--dry-run]   set aside rows of older commits
     fsalab aggregate --experiment kernel [--platform h200]        -> results/<platform>/kernel.csv
     fsalab migrate-ids                           rename result files to the ids their parameters give
     fsalab notebook analysis/kernel.ipynb --platform h200 --figures paper_figures
@@ -196,6 +197,17 @@ def cmd_migrate_ids(args) -> int:
     return 0
 
 
+def cmd_supersede(args) -> int:
+    from . import results
+
+    moves = results.supersede(args.platform, args.min_commit, args.results_dir, args.experiment, args.dry_run)
+    for old, new in moves:
+        print(f"{old} -> {new}")
+    print(f"{len(moves)} point files measured before {args.min_commit} {'would move' if args.dry_run else 'moved'}",
+          file=sys.stderr)
+    return 0
+
+
 def _detect_platform_quiet() -> str:
     _prepare_device()
     from .bench.provenance import detect_platform
@@ -333,6 +345,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results-dir", default="results")
     p.add_argument("--dry-run", action="store_true", help="print the renames only")
     p.set_defaults(func=cmd_migrate_ids)
+
+    p = sub.add_parser("supersede", help="move point files measured before a commit to results/<platform>/superseded/")
+    p.add_argument("--platform", required=True)
+    p.add_argument("--min-commit", required=True, help="rows of this commit or its descendants stay")
+    p.add_argument("--experiment", nargs="+", help="only these experiments (default: all)")
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--dry-run", action="store_true", help="print the moves only")
+    p.set_defaults(func=cmd_supersede)
 
     p = sub.add_parser("notebook", help="execute an analysis notebook headless")
     p.add_argument("notebook")

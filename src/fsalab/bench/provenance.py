@@ -129,7 +129,14 @@ def _version(dist: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def git_state() -> dict:
-    """Commit hash and dirtiness of the checkout the package runs from (None outside git)."""
+    """Commit hash and dirtiness of the checkout the package runs from (None outside git).
+
+    ``$FSALAB_GIT_COMMIT`` names the commit instead, for a copied working tree whose ``.git``
+    is another commit's (a device copy): the row then says ``git_commit_from: env`` and leaves
+    ``git_dirty`` unknown (None)."""
+    named = os.environ.get("FSALAB_GIT_COMMIT")
+    if named:
+        return {"git_commit": named, "git_dirty": None, "git_commit_from": "env"}
 
     def git(*args: str) -> str | None:
         try:

@@ -78,6 +78,15 @@ def abstract_and_kernel(t: Tables, pv: dict, gpu: str) -> list[Claim]:
                      pv["kernel"]["vs_nsa"][gpu], sp["vs_nsa"], "higher", **kw)
     for col, name in (("vs_nsa", "vs NSA"), ("vs_full", "vs full attention")):
         out += _stat_pair("Figure 4 (§4.2)", f"FSA {name}", pv["kernel"][col][gpu], sp[col], "higher", **kw)
+    # §4.2: "at 32K with g = 1, NSA consistently falls short of full attention, while FSA" beats it.
+    at = sp[(sp["N"] == 32768) & (sp["g"] == 1)]
+    reason = "" if len(at) else not_run("kernel")
+    out.append(Claim("Figure 4 (§4.2)", "FSA faster than full attention at 32K, g = 1: smallest full/FSA latency",
+                     1.0, at["vs_full"].min() if len(at) else None, "at_least", points=len(at) or None,
+                     reason=reason, **kw))
+    out.append(Claim("Figure 4 (§4.2)", "NSA slower than full attention at 32K, g = 1: largest full/NSA latency",
+                     1.0, (at["vs_full"] / at["vs_nsa"]).max() if len(at) else None, "at_most",
+                     points=len(at) or None, reason=reason, **kw))
     out.append(Claim("Figure 4 (§4.2)", "H20 panels", pv["kernel"]["vs_nsa"]["h20"]["mean"], None, "higher",
                      paper_gpu="H20", reason=NO_H20))
     return out

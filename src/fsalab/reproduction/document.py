@@ -161,7 +161,8 @@ def reproduction_text(platform: str, results_dir=None, figures: str | None = Non
         "| artefact | claim | paper | paper's GPUs | ours | ours / paper | platform | commits | points | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|",
         *[f"| {r.artefact} | {r.claim} | {fmt(r.paper)} | {r.paper_gpu} | {fmt(r.ours)} | {fmt(r.ratio, '.2f')} | "
-          f"{r.platform} | {', '.join(r.commits) or '—'} | {r.points or ''} | {r.verdict} |" for r in rows],
+          f"{r.platform} | {', '.join(r.commits) if r.ratio is not None and r.commits else '—'} | {r.points or ''} | "
+          f"{r.verdict} |" for r in rows],
         "",
     ]
     lines += _table5_lines(t, results.paper_values())

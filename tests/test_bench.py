@@ -156,31 +156,6 @@ def test_provenance_fields():
         assert key in info
 
 
-def test_source_commit_names_the_code_of_a_copied_checkout(monkeypatch):
-    # The GPU machine's copy has this checkout's files but a stale .git: the run names the commit.
-    from fsalab.bench import provenance
-
-    provenance.git_state.cache_clear()
-    monkeypatch.setenv("FSALAB_SOURCE_COMMIT", "0123abc")
-    try:
-        assert provenance.git_state() == {"git_commit": "0123abc", "git_dirty": False}
-        monkeypatch.delenv("FSALAB_SOURCE_COMMIT")
-        provenance.git_state.cache_clear()
-        assert provenance.git_state()["git_commit"] != "0123abc"
-    finally:
-        provenance.git_state.cache_clear()
-
-
-def test_reproduction_without_results(tmp_path):
-    out = reproduction.write_reproduction("unit-none", tmp_path / "R.md", tmp_path)
-    text = out.read_text()
-    assert "| Theorem (§3.5) | FSA/NSA memory at g=4, (64,16) | 0.213 | 0.213 |  | reproduced |" in text
-    assert "not measured" in text
-    assert reproduction.verdict(1.5, 1.6) == "reproduced"
-    assert reproduction.verdict(3.0, 1.6) == "same direction"
-    assert reproduction.verdict(0.8, 1.6) == "not reproduced"
-
-
 def test_end_to_end_speedups_pair_each_panel_with_its_baselines():
     import pandas as pd
 

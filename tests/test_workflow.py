@@ -61,8 +61,8 @@ def test_smoke_end_to_end(tmp_path):
                      cwd=tmp_path, timeout=1800)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     plat = tmp_path / "results" / "cpu-interpret"
-    for exp in ("theory", "kernel", "breakdown", "ablation", "buffers", "longctx", "train", "prefill", "convergence",
-                "versus"):
+    for exp in ("theory", "kernel", "breakdown", "ablation", "buffers", "longctx", "compile", "train", "prefill",
+                "convergence", "versus"):
         assert (plat / f"{exp}.csv").is_file()
     for fig in ("theory/figure2.png", "kernel/figure4_fwd.png", "breakdown/figure8.png", "ablation/figure9.png",
                 "buffers/table5.md", "longctx/tables6_7.md", "e2e/figure5.png", "e2e/figure6.png",

@@ -5,7 +5,7 @@
 # continues where it stopped (--skip-existing).
 #   bash scripts/gpu/run_grid.sh EXPERIMENT FILTER BUDGET_SECONDS [EXTRA RUNNER FLAGS...]
 # The runner follows the experiment: train, prefill and convergence have their own, dram runs
-# under Nsight Compute (fsalab bench-dram), versus times groups side by side (fsalab
+# under Nsight Compute (fsalab bench-dram), compile times first calls (fsalab bench-compile), versus times groups side by side (fsalab
 # bench-versus; the filter picks groups), every other experiment is kernel-level timing
 # (fsalab bench-kernel).
 set -uo pipefail
@@ -14,6 +14,7 @@ shift 3
 case $exp in
   train|prefill|convergence) runner=bench-$exp ;;
   dram) runner=bench-dram ;;
+  compile) runner=bench-compile ;;
   versus) runner=bench-versus ;;
   *) runner=bench-kernel ;;
 esac

@@ -6,9 +6,11 @@
     fsalab bench-kernel --experiment kernel --op selected --impl fsa --N 65536 --g 4 ...
     fsalab bench-kernel --experiment kernel --all [--skip-existing]   the whole grid, in-process
     fsalab bench-dram --experiment dram --all                     DRAM bytes under Nsight Compute
+    fsalab bench-compile --experiment compile --all               first-call compile + autotune time
     fsalab bench-versus --experiment versus --all [--filter N65536]  NSA vs cuDNN, interleaved
     fsalab bench-train|bench-prefill|bench-convergence ...   end-to-end runners (fsalab.bench.*)
     fsalab theory --experiment theory --out results/<platform>/theory.csv
+    fsalab supersede --platform h200 --min-commit SHA [--dry-run]   set aside rows of older commits
     fsalab aggregate --experiment kernel [--platform h200]        -> results/<platform>/kernel.csv
     fsalab migrate-ids                           rename result files to the ids their parameters give
     fsalab notebook analysis/kernel.ipynb --platform h200 --figures paper_figures
@@ -98,7 +100,7 @@ def _point_from_args(args, exp: dict) -> dict | None:
 
 # Point runners of kernel-level experiments: command -> experiment runner (module fsalab.bench.<runner>).
 # A runner module with its own run_points (versus: groups of points timed together) uses it.
-POINT_RUNNERS = {"bench-kernel": "kernel", "bench-dram": "dram", "bench-versus": "versus"}
+POINT_RUNNERS = {"bench-kernel": "kernel", "bench-dram": "dram", "bench-compile": "compile", "bench-versus": "versus"}
 
 
 def cmd_bench_kernel(args) -> int:
@@ -195,6 +197,17 @@ def cmd_migrate_ids(args) -> int:
     return 0
 
 
+def cmd_supersede(args) -> int:
+    from . import results
+
+    moves = results.supersede(args.platform, args.min_commit, args.results_dir, args.experiment, args.dry_run)
+    for old, new in moves:
+        print(f"{old} -> {new}")
+    print(f"{len(moves)} point files measured before {args.min_commit} {'would move' if args.dry_run else 'moved'}",
+          file=sys.stderr)
+    return 0
+
+
 def _detect_platform_quiet() -> str:
     _prepare_device()
     from .bench.provenance import detect_platform
@@ -259,16 +272,19 @@ def cmd_notebook(args) -> int:
 
 
 def cmd_reproduction(args) -> int:
-    from .reproduction import write_reproduction
+    from .reproduction import update_readme, write_reproduction
 
     out = write_reproduction(args.platform, args.out, args.results_dir, args.figures)
     print(f"{out}", file=sys.stderr)
+    if args.readme:
+        print(f"{update_readme(args.readme, args.platform, args.results_dir)}", file=sys.stderr)
     return 0
 
 
 def kernel_parser(sub, command: str, experiment_args) -> None:
     """Arguments of the point runners (bench-kernel: timing; bench-dram: Nsight Compute DRAM bytes)."""
     what = {"bench-kernel": "time", "bench-dram": "profile the DRAM traffic of",
+            "bench-compile": "time the first call (Triton compile + autotune) of",
             "bench-versus": "time side by side (interleaved, eager and CUDA graph)"}[command]
     p = sub.add_parser(command, help=f"{what} kernel-level points (selected, compressed, window, full, nsa)")
     experiment_args(p)
@@ -330,6 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the renames only")
     p.set_defaults(func=cmd_migrate_ids)
 
+    p = sub.add_parser("supersede", help="move point files measured before a commit to results/<platform>/superseded/")
+    p.add_argument("--platform", required=True)
+    p.add_argument("--min-commit", required=True, help="rows of this commit or its descendants stay")
+    p.add_argument("--experiment", nargs="+", help="only these experiments (default: all)")
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--dry-run", action="store_true", help="print the moves only")
+    p.set_defaults(func=cmd_supersede)
+
     p = sub.add_parser("notebook", help="execute an analysis notebook headless")
     p.add_argument("notebook")
     p.add_argument("--platform", required=True, help="results/<platform>/ to read")
@@ -347,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--results-dir")
     p.add_argument("--figures", help="folder holding the figures to link")
+    p.add_argument("--readme", help="also rewrite this README's generated blocks from the same results")
     p.set_defaults(func=cmd_reproduction)
     return parser
 

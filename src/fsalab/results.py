@@ -20,7 +20,7 @@ import pandas as pd
 import yaml
 
 from . import data
-from .bench.grid import E2E_OPS, e2e_base, load_schema, point_hash, repo_root, validate
+from .bench.grid import E2E_OPS, e2e_base, known_experiments, load_schema, point_hash, repo_root, validate
 
 # DESIGN §2 columns, in order (kept in sync with fsalab.bench.kernel.COLUMNS by a test).
 COLUMNS = (
@@ -41,6 +41,7 @@ _NESTED = {
     "torch": ("provenance", "torch"),
     "triton": ("provenance", "triton"),
     "git_commit": ("provenance", "git_commit"),
+    "git_dirty": ("provenance", "git_dirty"),
     "timestamp": ("provenance", "timestamp"),
     # versus runner: median ms of each NSA branch timed alone
     **{f"split_{b}_ms": ("split_ms", b) for b in ("compression", "selection", "selected", "window", "gate")},
@@ -216,4 +217,51 @@ def migrate_point_ids(results_dir: str | Path | None = None, dry_run: bool = Fal
                 raise ValueError(f"{path}: expected one {field!r} to rewrite")
             new.write_text(text.replace(field, f'"point": {json.dumps(want)}'))
             path.unlink()
+    return moves
+
+
+SUPERSEDED = "superseded"
+
+
+def measured_at_or_after(row_commit: str | None, min_commit: str, repo: str | Path | None = None) -> bool:
+    """Whether a row's ``git_commit`` is ``min_commit`` (either a prefix of the other, 7+
+    characters) or, as far as the git checkout ``repo`` knows both, a descendant of it. A row
+    without a commit, or one git cannot place (a device copy's stale HEAD), counts as older."""
+    if not row_commit or len(min_commit) < 7:
+        return False
+    n = min(len(row_commit), len(min_commit))
+    if n >= 7 and row_commit[:n] == min_commit[:n]:
+        return True
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "merge-base", "--is-ancestor", min_commit, row_commit],
+                             cwd=repo or repo_root(), capture_output=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0
+
+
+def supersede(platform: str, min_commit: str, results_dir: str | Path | None = None,
+              experiments: list[str] | None = None, dry_run: bool = False) -> list[tuple[str, str]]:
+    """Move the point files of ``results/<platform>/<experiment>/`` measured before
+    ``min_commit`` (``measured_at_or_after``) to ``results/<platform>/superseded/<experiment>/
+    <point>.<commit>.json``, out of every table and of every skip-existing check, so a re-run
+    measures those points again at the new commit; nothing is deleted. ``experiments``: only
+    these (default: every known experiment). Returns (old, new) paths."""
+    root = results_root(results_dir) / platform
+    moves = []
+    for experiment in experiments if experiments is not None else known_experiments():
+        for path in sorted((root / experiment).glob("*.json")):
+            row = json.loads(path.read_text())
+            if "point" not in row or "provenance" not in row:
+                continue  # not a result row
+            commit = row["provenance"].get("git_commit")
+            if measured_at_or_after(commit, min_commit):
+                continue
+            new = root / SUPERSEDED / experiment / f"{path.stem}.{(commit or 'unknown')[:7]}.json"
+            moves.append((str(path), str(new)))
+            if not dry_run:
+                new.parent.mkdir(parents=True, exist_ok=True)
+                path.replace(new)
     return moves

@@ -30,6 +30,8 @@ rule notebook_platform_figures:
         "{params.publish} --executed {log.notebook} > {log.stderr} 2>&1"
 
 
+# Also rewrites README.md's generated blocks (not declared as an output: Snakemake would delete
+# the hand-written rest of README before the job).
 rule reproduction_paper:
     input:
         lambda wc: reproduction_inputs(FIGURES_PLATFORM),
@@ -44,7 +46,7 @@ rule reproduction_paper:
         "../envs/fsalab.yaml"
     shell:
         "fsalab reproduction --platform {params.platform} --results-dir results --figures {params.figures} "
-        "--out {output} > {log} 2>&1"
+        "--out {output} --readme README.md > {log} 2>&1"
 
 
 rule reproduction_platform:

@@ -45,13 +45,18 @@ PLATFORM = _platform()
 FIGURES_PLATFORM = config["figures_platform"]
 EXPERIMENTS = {name: grid.load_experiment(name, smoke=SMOKE) for name in config["experiments"]}
 # Experiments measured point by point with `fsalab bench-<runner>` (one result file per point):
-# kernel, dram, versus and the end-to-end runners train, prefill, convergence.
-POINT_RUNNERS = ("kernel", "dram", "train", "prefill", "convergence", "versus")
+# kernel, dram, compile, versus and the end-to-end runners train, prefill, convergence.
+POINT_RUNNERS = ("kernel", "dram", "compile", "train", "prefill", "convergence", "versus")
 POINT_EXPERIMENTS = [n for n, e in EXPERIMENTS.items() if e["runner"] in POINT_RUNNERS]
 # Experiments whose points run in one process per experiment: all of them with batch_points;
 # versus always (it times the points of a group side by side, so one point alone is no job).
 BATCH_EXPERIMENTS = [n for n in POINT_EXPERIMENTS if BATCH_POINTS or EXPERIMENTS[n]["runner"] == "versus"]
 SINGLE_POINT_EXPERIMENTS = [n for n in POINT_EXPERIMENTS if n not in BATCH_EXPERIMENTS]
+if config["min_commit"]:
+    from fsalab.results import supersede
+
+    for _old, _new in supersede(PLATFORM, config["min_commit"], ROOT / "results", POINT_EXPERIMENTS):
+        print(f"min_commit: {_old} -> {_new}", file=sys.stderr)
 POINTS = {n: [p["id"] for p in grid.expand(EXPERIMENTS[n])] for n in POINT_EXPERIMENTS}
 if config.get("point_filter"):
     POINTS = {n: [p for p in ids if re.search(config["point_filter"], p)] for n, ids in POINTS.items()}
@@ -145,6 +150,11 @@ def point_files(wildcards):
 
 
 def reproduction_inputs(platform):
-    """Tables and figure folders REPRODUCTION.md is generated from."""
+    """Tables and figure folders REPRODUCTION.md is generated from: the notebooks' and those of
+    experiments without a notebook (compile), made by this run or already on disk."""
     figs = [rendered_dir(platform, nb) for nb in config["notebooks"] if tables(platform, nb)]
-    return [t for nb in config["notebooks"] for t in tables(platform, nb)] + figs
+    notebook_tables = [t for nb in config["notebooks"] for t in tables(platform, nb)]
+    made = platform == PLATFORM and MODE != "figures"
+    others = [f"results/{platform}/{e}.csv" for e in grid.known_experiments()
+              if (made and e in EXPERIMENTS) or (ROOT / "results" / platform / f"{e}.csv").is_file()]
+    return sorted(set(notebook_tables + others)) + figs

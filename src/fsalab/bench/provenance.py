@@ -131,13 +131,12 @@ def _version(dist: str) -> str | None:
 def git_state() -> dict:
     """Commit hash and dirtiness of the checkout the package runs from (None outside git).
 
-    ``FSALAB_SOURCE_COMMIT=<sha>`` names the commit instead (dirtiness then False): for a copy
-    of a clean checkout whose own ``.git`` lags its files, as on the lent GPU machine, where the
-    device tool copies the working tree but not its git state (docs/workflow.md).
-    """
-    claimed = os.environ.get("FSALAB_SOURCE_COMMIT")
-    if claimed:
-        return {"git_commit": claimed, "git_dirty": False}
+    ``$FSALAB_GIT_COMMIT`` names the commit instead, for a copied working tree whose ``.git``
+    is another commit's (a device copy): the row then says ``git_commit_from: env`` and leaves
+    ``git_dirty`` unknown (None)."""
+    named = os.environ.get("FSALAB_GIT_COMMIT")
+    if named:
+        return {"git_commit": named, "git_dirty": None, "git_commit_from": "env"}
 
     def git(*args: str) -> str | None:
         try:

@@ -1,8 +1,8 @@
-"""The paper's claims against our measurements: shared metrics and the REPRODUCTION.md writer.
+"""Metrics shared by the analysis notebooks and REPRODUCTION.md (``artefacts``, ``document``).
 
-The metric functions (speedups, breakdown shares, ablation slowdowns, buffer overheads) are
-used by the analysis notebooks and by ``write_reproduction`` alike, so a number in a figure and
-the same number in REPRODUCTION.md are computed once. Inputs are the tidy tables of
+Speedups, breakdown shares, ablation slowdowns, buffer overheads, DRAM byte ratios, attention
+time ratios of the training step, compile times: a number in a figure and the same number in
+REPRODUCTION.md or README are computed once, here. Inputs are the tidy tables of
 ``fsalab.results``; only rows with status ``ok`` count. Speedup = other latency / FSA latency.
 """
 
@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pandas as pd
 
-from . import results, theory
-from .ops.impls import FULL_ATTENTION_IMPLS
+from .. import results
+from ..ops.impls import FULL_ATTENTION_IMPLS
 
 SHAPE_KEYS = ["direction", "N", "batch", "h_kv", "g", "d", "dtype"]
 BT_KEYS = ["block_size", "topk"]
@@ -112,125 +111,6 @@ def buffer_overhead(df: pd.DataFrame, fsa_impls=("fsa_paper", "fsa"), baseline: 
     out["overhead_gib"] = out["peak_mem_gib"] - out["base_gib"]
     out["overhead_gb"] = out["overhead_gib"] * 2**30 / 1e9
     return out
-
-
-def verdict(ours: float | None, paper: float | None, tol: float = 0.25, baseline: float = 1.0) -> str:
-    """'reproduced' within ±tol (relative), 'same direction' when both are on the same side of
-    ``baseline`` (1 for speedups), 'not reproduced' otherwise, 'not measured' without our value."""
-    if ours is None or (isinstance(ours, float) and math.isnan(ours)):
-        return "not measured"
-    if paper is None:
-        return "no paper value"
-    if abs(ours / paper - 1) <= tol:
-        return "reproduced"
-    if (ours - baseline) * (paper - baseline) > 0:
-        return "same direction"
-    return "not reproduced"
-
-
-def _fmt(x, spec: str = ".3g") -> str:
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
-
-
-def paper_gpu(platform: str) -> str:
-    """Which of the paper's GPUs (h20, h200) a results platform is compared with: h20 for
-    h20-named platforms, h200 for every other one (the paper's faster GPU)."""
-    return "h20" if platform.startswith("h20") and not platform.startswith("h200") else "h200"
-
-
-def claims(platform: str, results_dir=None) -> list[dict]:
-    """Every checked claim: section, claim, paper value, ours, verdict."""
-    pv = results.paper_values()
-    gpu = paper_gpu(platform)
-    rows = []
-
-    def add(section, claim, paper, ours, tol=0.25, baseline=1.0, spec=".3g", points=None):
-        rows.append({"section": section, "claim": claim, "paper": _fmt(paper, spec), "ours": _fmt(ours, spec),
-                     "points": "" if points is None else str(points), "verdict": verdict(ours, paper, tol, baseline)})
-
-    def add_stat(section, claim, ref, st, **kw):
-        """Two rows (max, mean) of one measured speedup series against the paper's values."""
-        add(section, f"{claim}, max", ref["max"], st["max"], points=st["n"], **kw)
-        add(section, f"{claim}, mean", ref["mean"], st["mean"], points=st["n"], **kw)
-
-    s = theory.Shape(N=65536, h_kv=4, g=4, block_size=64, topk=16)
-    r = theory.ratios(s, "paper")
-    add("Theorem (§3.5)", "FSA/NSA memory at g=4, (64,16)", pv["theorem"]["memory_ratio"], r["memory_ratio"], 0.01, 0.0)
-    add("Theorem (§3.5)", "FSA/NSA FLOPs at g=4, (64,16)", pv["theorem"]["flops_ratio"], r["flops_ratio"], 0.01, 0.0)
-    worst = max(theory.ratios(theory.Shape(65536, 4, g), "paper")["flops_ratio"] for g in (1, 2, 4, 8))
-    add("Theorem (§3.3)", "FSA FLOPs < NSA FLOPs for g in {1,2,4,8} (max ratio; < 1 claimed)", 1.0, worst, 0.0, 1.0)
-
-    dram = results.ok(results.load_table(platform, "dram", results_dir))
-    ours = None
-    if not dram.empty and "dram_bytes" in dram:
-        at = dram[(dram["direction"] == "fwd") & (dram["g"] == 4) & (dram["block_size"] == 64) & (dram["topk"] == 16)]
-        at = at.groupby("impl")["dram_bytes"].min()
-        if {"fsa_paper", "nsa"} <= set(at.index):
-            ours = float(at["fsa_paper"] / at["nsa"])
-    add("Theorem (§3.5), measured", "DRAM bytes FSA (paper) / NSA at g=4, (64,16), 64K (Nsight Compute)",
-        pv["theorem"]["memory_ratio"], ours, 0.25, 1.0)
-
-    kern = speedups(results.load_table(platform, "kernel", results_dir))
-    for what, col in (("vs NSA", "vs_nsa"), ("vs full attention", "vs_full")):
-        add_stat("§4.2 kernel (Fig. 4)", f"FSA (fsalab `fsa`) {what} ({gpu.upper()})", pv["kernel"][col][gpu],
-                 stat(kern[col]))
-
-    bd = results.load_table(platform, "breakdown", results_dir)
-    sp = speedups(bd)
-    for direction, key in (("fwd", "forward"), ("bwd", "backward")):
-        sub = sp[sp["direction"] == direction]
-        ref = pv["breakdown"][key]
-        for col, name in (("vs_nsa", "vs NSA"), ("vs_full", "vs full")):
-            tag = "nsa" if col == "vs_nsa" else "full"
-            add_stat("§4.4 breakdown (Fig. 7)", f"{key} {name}",
-                     {"max": ref[f"vs_{tag}_max"], "mean": ref[f"vs_{tag}_mean"]}, stat(sub[col]))
-    add_stat("§4.4 breakdown (Fig. 8)", "selection share of attention time", pv["breakdown"]["selection_share"],
-             stat(branch_breakdown(bd)["selection_share"]), baseline=0.0)
-    add_stat("§4.4 breakdown (Fig. 8)", "FSA selection vs NSA selection", pv["breakdown"]["selection_vs_nsa"],
-             stat(speedups(bd, op="selected")["vs_nsa"]))
-
-    ab = ablation_slowdowns(results.load_table(platform, "ablation", results_dir))
-    for label, key in (("w/o Inner Loop", "inner_loop"), ("w/o Early Return", "early_return")):
-        st = stat(ab[ab["label"] == label]["slowdown"]) if not ab.empty else stat(pd.Series(dtype=float))
-        add_stat("§4.4 ablation (Fig. 9)", f"{label}: slowdown", pv["ablation"][key], st, baseline=0.0)
-
-    buf = buffer_overhead(results.load_table(platform, "buffers", results_dir))
-    for bt, cells in pv["buffers"].items():
-        b, t = (int(x) for x in bt.split("x"))
-        for n, gb in cells.items():
-            sub = buf[(buf["block_size"] == b) & (buf["topk"] == t) & (buf["N"] == int(n)) & (buf["impl"] == "fsa_paper")
-                      & (buf["direction"] == "fwd+bwd")] if not buf.empty else buf
-            ours = float(sub["overhead_gb"].max()) if len(sub) else None
-            add("Table 5 buffers (GB)", f"FSA (paper) buffer overhead, ({b},{t}), {int(n) // 1024}K", gb, ours, 0.5, 0.0)
-
-    lc = speedups(results.load_table(platform, "longctx", results_dir))
-    for direction, key in (("fwd", "prefill"), ("fwd+bwd", "training")):
-        add_stat("Appendix F.1 (Tables 6-7)", f"{key} ({direction}) vs NSA", pv["longctx"]["summary"][key][gpu],
-                 stat(lc[lc["direction"] == direction]["vs_nsa"]))
-
-    add_stat("Abstract", "kernel-level FSA (fsalab `fsa`) vs NSA (paper: all GPUs)", pv["headline"]["kernel"],
-             stat(kern["vs_nsa"]))
-    for key, exp in (("training", "train"), ("prefill", "prefill")):
-        section = f"Abstract, §4.3 ({'Fig. 5' if exp == 'train' else 'Fig. 6'})"
-        table = results.load_table(platform, exp, results_dir)
-        add_stat(section, f"end-to-end {key} FSA vs NSA", pv["headline"][key], stat(e2e_vs_nsa(table)))
-        add_stat(section, f"end-to-end {key} FSA vs full attention", pv["e2e_vs_full"][key], stat(e2e_vs_full(table)))
-
-    fsdp = results.multi_gpu_table(platform, "train_fsdp", results_dir)
-    hosts = ", ".join(sorted(fsdp["host"].unique())) if "host" in fsdp else ""
-    section = f"Fig. 5 at full depth, FSDP2 ({hosts or 'multi-GPU host'})"
-    add_stat(section, "training FSA vs NSA, measured", pv["headline"]["training"], stat(e2e_vs_nsa(fsdp)))
-    add_stat(section, "training FSA vs full attention, measured", pv["e2e_vs_full"]["training"],
-             stat(e2e_vs_full(fsdp)))
-    tp_rows = tp_prefill(results.multi_gpu_table(platform, "prefill_tp", results_dir))
-    tp_rows = tp_rows[tp_rows["world_size"] > 1]
-    summary = pv["distributed"]["summary"]
-    add("Appendix I.1 (Tables 12-13)", "attention module FSA vs NSA, TP >= 2, mean",
-        summary["attention_module_vs_nsa"][gpu], stat(tp_rows["attn_vs_nsa"])["mean"],
-        points=tp_rows["attn_vs_nsa"].notna().sum())
-    add("Appendix I.2 (Tables 14-15)", "Llama3-8B prefill FSA vs NSA, TP >= 2, mean",
-        summary["prefill_vs_nsa"][gpu], stat(tp_rows["vs_nsa"])["mean"], points=tp_rows["vs_nsa"].notna().sum())
-    return rows
 
 
 def _e2e_ms(df: pd.DataFrame) -> pd.DataFrame:
@@ -378,88 +258,79 @@ def convergence_gaps(df: pd.DataFrame, threshold: float = 0.02) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def _convergence_section(platform: str, results_dir) -> list[str]:
-    gaps = convergence_gaps(results.load_table(platform, "convergence", results_dir))
-    if gaps.empty:
-        return []
-    return ["## Convergence (Figure 11's claim: FSA's loss matches NSA's)", "",
-            "Per task (needle span, steps): final far-needle accuracy, and |loss_FSA - loss_NSA| over the",
-            "logged steps beside the same gap between two NSA runs that differ only in rounding (another",
-            "gate or window branch; '—' where not run). first_step_over: first logged step with a gap above 0.02.", "",
-            *_markdown_table(gaps)]
+def commits_of(*frames: pd.DataFrame) -> tuple[str, ...]:
+    """The short (7-character) ``git_commit`` fields of the ok rows of ``frames``, sorted, as
+    the rows give them (a device copy's stale HEAD included: docs/perf-log.md names the code's
+    commit there), marked "(dirty)" where the row's ``git_dirty`` says so."""
+    seen = set()
+    for df in frames:
+        ok = results.ok(df)
+        if "git_commit" not in ok:
+            continue
+        dirty = ok["git_dirty"].fillna(False).astype(bool) if "git_dirty" in ok else pd.Series(False, index=ok.index)
+        for commit, is_dirty in zip(ok["git_commit"], dirty):
+            if isinstance(commit, str):
+                seen.add(commit[:7] + (" (dirty)" if is_dirty else ""))
+    return tuple(sorted(seen))
 
 
-def _provenance_lines(platform: str, results_dir) -> list[str]:
-    seen = {}
-    for exp in ("kernel", "breakdown", "ablation", "buffers", "longctx", "train", "prefill", "convergence"):
-        df = results.load_table(platform, exp, results_dir)
-        for col in ("gpu", "driver", "torch", "triton", "git_commit"):
-            if col in df and df[col].notna().any():
-                seen.setdefault(col, set()).update(map(str, df[col].dropna().unique()))
-    return [f"- {k}: {', '.join(sorted(v))}" for k, v in seen.items()] or ["- (no measured results)"]
+def dram_ratios(df: pd.DataFrame, fsa: str = "fsa_paper", nsa: str = "nsa") -> pd.DataFrame:
+    """Measured DRAM bytes of ``fsa`` over ``nsa`` per (direction, g, B_K, T, N) of a ``dram``
+    table: columns fsa_bytes, nsa_bytes, bytes_ratio (FSA / NSA); empty without both sides."""
+    keys = ["direction", "g", "block_size", "topk", "N"]
+    cols = keys + ["fsa_bytes", "nsa_bytes", "bytes_ratio"]
+    ok = results.ok(df)
+    if ok.empty or "dram_bytes" not in ok:
+        return pd.DataFrame(columns=cols)
+    wide = ok.pivot_table(index=keys, columns="impl", values="dram_bytes", aggfunc="min")
+    if not {fsa, nsa} <= set(wide.columns):
+        return pd.DataFrame(columns=cols)
+    out = pd.DataFrame({"fsa_bytes": wide[fsa], "nsa_bytes": wide[nsa]}).dropna()
+    out["bytes_ratio"] = out["fsa_bytes"] / out["nsa_bytes"]
+    return out.reset_index()[cols]
 
 
-def _markdown_table(df: pd.DataFrame, spec: str = ".3g") -> list[str]:
-    cells = [[_fmt(v, spec) if isinstance(v, float) else str(v) for v in row] for row in df.itertuples(index=False)]
-    return ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns),
-            *["| " + " | ".join(c) + " |" for c in cells], ""]
+def attention_part_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """Figure 10: the attention part of a training step (one layer's attention fwd + fwd+bwd,
+    timed alone: ``attention_ms_per_layer``) of NSA and of the fastest full attention over
+    FSA's, per (model, N, B_K, T) of FSA's split rows: columns fsa_ms, nsa_ms, full_ms,
+    vs_nsa, vs_full. Full attention does not depend on (B_K, T): one row per (model, N)."""
+    keys = ["model", "N", "block_size", "topk"]
+    cols = keys + ["fsa_ms", "nsa_ms", "full_ms", "vs_nsa", "vs_full"]
+    ok = results.ok(df)
+    if ok.empty or "attention_ms_per_layer" not in ok:
+        return pd.DataFrame(columns=cols)
+    ok = ok.dropna(subset=["attention_ms_per_layer"])
+    part = "attention_ms_per_layer"
+    fsa = ok[ok["impl"] == "fsa"].groupby(keys, as_index=False)[part].min().rename(columns={part: "fsa_ms"})
+    nsa = ok[ok["impl"] == "nsa"].groupby(keys, as_index=False)[part].min().rename(columns={part: "nsa_ms"})
+    full = ok[ok["impl"].isin(FULL_IMPLS)].groupby(["model", "N"], as_index=False)[part].min()
+    out = fsa.merge(nsa, on=keys, how="left").merge(full.rename(columns={part: "full_ms"}), on=["model", "N"], how="left")
+    out["vs_nsa"] = out["nsa_ms"] / out["fsa_ms"]
+    out["vs_full"] = out["full_ms"] / out["fsa_ms"]
+    return out[cols].sort_values(keys).reset_index(drop=True)
 
 
-def _multi_gpu_sections(platform: str, results_dir) -> list[str]:
-    """Markdown of the multi-GPU measurements: full-depth FSDP2 steps beside the
-    single-GPU estimates, and tensor-parallel prefill by degree; nothing when none exist."""
-    lines = []
-    fsdp = results.multi_gpu_table(platform, "train_fsdp", results_dir)
-    gap = full_depth_vs_estimate(results.load_table(platform, "train", results_dir), fsdp)
-    if len(gap):
-        lines += ["## Full-depth training step: FSDP2 measurement vs single-GPU estimate", "",
-                  "The estimate extrapolates a 2-layer slice measured on one GPU (slice step + the missing layers",
-                  "x one checkpointed layer's fwd+bwd + AdamW scaled to the full parameter count); the",
-                  "measurement runs every layer with FSDP2 (one sequence per rank).", "",
-                  *_markdown_table(gap)]
-    tp = tp_prefill(pd.concat([results.multi_gpu_table(platform, "prefill_tp", results_dir),
-                               results.load_table(platform, "prefill", results_dir)], ignore_index=True))
-    if len(tp[tp["world_size"] > 1]):
-        lines += ["## Tensor-parallel Llama3-8B prefill (Tables 13 and 15 layout: seconds, attention ms)", "",
-                  "TP = 1 rows come from the same runner on one rank (`torchrun --nproc-per-node 1`), else from",
-                  "the single-GPU `prefill` experiment. Attention-module times (one layer's",
-                  "attention in isolation, this rank's heads) count only where the all-reduce was waited on",
-                  "inside the timed call; '—' where not measured so.", "",
-                  *_markdown_table(tp)]
-    return lines
+def impl_ratio(df: pd.DataFrame, keys: list[str], value: str, num, den: str = "fsa") -> pd.Series:
+    """``num`` / ``den`` of column ``value`` per ``keys`` (the minimum over repeated rows);
+    ``num`` is an impl name or a tuple of names (the fastest of them counts: the full-attention
+    baselines). Empty when either side is missing."""
+    ok = results.ok(df)
+    names = (num,) if isinstance(num, str) else tuple(num)
+    if ok.empty or value not in ok or not set(keys) <= set(ok.columns):
+        return pd.Series(dtype=float)
+    a = ok[ok["impl"].isin(names)].groupby(keys)[value].min()
+    b = ok[ok["impl"] == den].groupby(keys)[value].min()
+    return (a / b).dropna()
 
 
-def write_reproduction(platform: str, out: str | Path, results_dir=None, figures: str | None = None) -> Path:
-    """Write the claims table of ``platform`` as Markdown to ``out``."""
-    rows = claims(platform, results_dir)
-    counts = pd.Series([r["verdict"] for r in rows]).value_counts()
-    lines = [
-        "# Reproduction of the FSA paper's claims",
-        "",
-        f"Generated by `fsalab reproduction` from `results/{platform}/` — do not edit by hand.",
-        "Speedups are (other latency) / (FSA latency); 'reproduced' means within ±25 % of the paper",
-        "(±1 % for the Theorem's formulas, ±50 % for buffer sizes, whose head count the paper omits);",
-        "'same direction' means FSA wins (or loses) as in the paper but by a different margin.",
-        "'points' counts the measured grid points behind a max/mean (the paper's cover more panels);",
-        "end-to-end times are full-depth (measured, or estimated from a layer slice: see the rows).",
-        "The paper's values come from `analysis/paper_values.yaml`.",
-        "",
-        f"Platform: **{platform}**",
-        *_provenance_lines(platform, results_dir),
-        "",
-        "Verdicts: " + ", ".join(f"{k}: {v}" for k, v in counts.items()),
-        "",
-        "| section | claim | paper | ours | points | verdict |",
-        "|---|---|---|---|---|---|",
-        *[f"| {r['section']} | {r['claim']} | {r['paper']} | {r['ours']} | {r['points']} | {r['verdict']} |"
-          for r in rows],
-        "",
-    ]
-    lines += _convergence_section(platform, results_dir)
-    lines += _multi_gpu_sections(platform, results_dir)
-    if figures:
-        lines += [f"Figures and tables: `{figures}/` (one folder per notebook of `analysis/`).", ""]
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines))
-    return out
+def compile_times(df: pd.DataFrame) -> pd.DataFrame:
+    """Table 11: per (op, impl, direction, N, B_K, T) of a ``compile`` table, the cold first
+    call's compile + autotune seconds (``compile_s``), the cached one's (``cached_compile_s``)
+    and the steady call (``median_ms``)."""
+    keys = ["op", "impl", "direction", "N", "block_size", "topk"]
+    cols = keys + ["compile_s", "cached_compile_s", "first_call_s", "median_ms"]
+    ok = results.ok(df)
+    if ok.empty or "compile_s" not in ok:
+        return pd.DataFrame(columns=cols)
+    return ok.groupby(keys, as_index=False)[cols[len(keys):]].min()

@@ -1,0 +1,204 @@
+"""REPRODUCTION.md and README against the tables they are built from; the verdict rules; the
+claims of every numbered artefact; hooks for experiments not run yet (compile, decode)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from fsalab import reproduction, results
+from fsalab.bench.grid import repo_root
+from fsalab.reproduction import artefacts, document
+from fsalab.reproduction.verdicts import VERDICTS, Claim, verdict
+
+ROOT = repo_root()
+
+
+def test_committed_reproduction_matches_the_tables():
+    """REPRODUCTION.md is what `fsalab reproduction` writes from the committed results/h200/
+    (the workflow's figures_platform): a hand edit or a stale file fails here."""
+    expected = document.reproduction_text("h200", ROOT / "results", "paper_figures")
+    assert (ROOT / "REPRODUCTION.md").read_text() == expected
+
+
+def test_committed_readme_blocks_match_the_tables():
+    text = (ROOT / "README.md").read_text()
+    assert document.render_readme(text, document.readme_blocks("h200", ROOT / "results")) == text
+
+
+def test_readme_block_edit_is_caught_and_markers_are_checked():
+    text = (ROOT / "README.md").read_text()
+    blocks = document.readme_blocks("h200", ROOT / "results")
+    edited = text.replace(blocks["versus-table"], blocks["versus-table"].replace("|", "| 9.99 |", 3))
+    assert edited != text and document.render_readme(edited, blocks) == text
+    with pytest.raises(ValueError, match="generated blocks"):
+        document.render_readme(text, {**blocks, "extra": "x\n"})
+
+
+@pytest.mark.parametrize(
+    ("ours", "paper", "kind", "expected"),
+    [
+        (1.5, 1.6, "higher", "reproduced"),
+        (2.5, 1.6, "higher", "exceeded"),
+        (1.1, 1.6, "higher", "same direction"),
+        (0.8, 1.6, "higher", "not reproduced"),
+        (0.1, 0.213, "lower", "exceeded"),
+        (7.15, 0.213, "lower", "not reproduced"),
+        (0.9, 0.7, "lower", "same direction"),
+        # a size has no better side: ten times the paper's slowdown is not reproduced
+        (1.66, 0.119, "magnitude", "not reproduced"),
+        (0.13, 0.119, "magnitude", "reproduced"),
+        (0.94, 1.0, "at_most", "reproduced"),
+        (0.97, 1.0, "at_most", "not reproduced"),
+        (1.06, 1.0, "at_least", "reproduced"),
+        (1.02, 1.0, "at_least", "not reproduced"),
+    ],
+)
+def test_verdict_rules(ours, paper, kind, expected):
+    assert verdict(ours, paper, kind) == expected
+
+
+def test_verdict_refuses_what_it_cannot_judge():
+    assert verdict(None, 1.6, "higher") == "not attempted (no measured rows)"
+    assert verdict(math.nan, 1.6, "higher", reason="needs an H20") == "not attempted (needs an H20)"
+    with pytest.raises(ValueError, match="kind"):
+        verdict(1.0, 1.0, "bigger")
+    with pytest.raises(ValueError, match="non-zero"):
+        verdict(1.0, 0.0, "magnitude")
+    assert Claim("Table 5", "x", 0.5, 1.0, "magnitude").ratio == 2.0
+
+
+def test_every_numbered_artefact_has_a_row():
+    rows = reproduction.claims("h200", ROOT / "results")
+    assert {name for r in rows for name in artefacts.artefact_names(r.artefact)} == set(artefacts.ORDER)
+    order = [artefacts.ORDER.index(artefacts.artefact_names(r.artefact)[0]) for r in rows]
+    assert order == sorted(order)
+    for r in rows:
+        assert r.verdict.split(" (")[0] in VERDICTS
+        if r.verdict.startswith("not attempted"):
+            assert r.verdict.endswith(")") and r.ours is None
+        else:
+            assert r.platform != "—" and (r.commits or r.platform == "formula")
+
+
+def test_artefact_names():
+    assert artefacts.artefact_names("Tables 12, 14 (App. I)") == ["Table 12", "Table 14"]
+    assert artefacts.artefact_names("Figure 11, stand-in") == ["Figure 11"]
+    assert artefacts.artefact_names("Theorem (§3.5), measured") == ["Theorem"]
+
+
+def test_h200_results_meet_h200_values():
+    rows = {(r.artefact, r.claim): r for r in reproduction.claims("h200", ROOT / "results")}
+    pv = results.paper_values()
+    mean = next(r for (a, c), r in rows.items() if a == "Abstract" and c.startswith("kernel") and c.endswith("mean"))
+    assert mean.paper == pv["kernel"]["vs_nsa"]["h200"]["mean"] and mean.paper_gpu == "H200"
+    buffers = [r for (a, _), r in rows.items() if a.startswith("Table 5")]
+    assert buffers and all(r.kind == "magnitude" for r in buffers)
+    ablation = [r for (a, _), r in rows.items() if a.startswith("Figure 9")]
+    assert ablation and all(r.verdict == "not reproduced" for r in ablation if r.ratio and r.ratio > 1.25)
+
+
+def _row(**kw) -> dict:
+    base = {c: None for c in results.COLUMNS}
+    base.update(status="ok", git_commit="abcdef0123", dtype="bfloat16", batch=1, h_kv=4, d=128, op="selected")
+    base.update(kw)
+    return base
+
+
+def test_not_run_experiments_turn_measured_when_their_rows_exist(tmp_path):
+    """Tables 10 and 11 read "not attempted" until `decode` / `compile` rows exist, then compare."""
+    (tmp_path / "h200").mkdir()
+    before = {r.claim: r for r in reproduction.claims("h200", tmp_path) if r.artefact.startswith(("Table 10", "Table 11"))}
+    assert all(r.verdict.startswith("not attempted") for r in before.values())
+    decode = [_row(experiment="decode", impl=i, N=n, g=16, block_size=64, topk=16, median_ms=ms)
+              for n in (32768, 65536) for i, ms in (("fsa", 0.5), ("nsa", 0.5), ("flash_decoding", 1.0))]
+    comp = [_row(experiment="compile", impl=i, N=n, g=4, block_size=b, topk=t, direction="fwd+bwd",
+                 median_ms=1.0, compile_s=s, cached_compile_s=s / 4, first_call_s=s + 1e-3)
+            for n in (32768, 65536) for b, t in ((64, 16), (128, 8)) for i, s in (("fsa", 2.0), ("nsa", 1.9))]
+    pd.DataFrame(decode).to_csv(tmp_path / "h200" / "decode.csv", index=False)
+    pd.DataFrame(comp).to_csv(tmp_path / "h200" / "compile.csv", index=False)
+    after = {r.claim: r for r in reproduction.claims("h200", tmp_path) if r.artefact.startswith(("Table 10", "Table 11"))}
+    assert after.keys() == before.keys()
+    by_claim = {c.split(",")[0]: r for c, r in after.items()}
+    assert by_claim["decode step FSA vs FlashDecoding"].ours == pytest.approx(2.0)
+    assert by_claim["decode step FSA vs NSA (\"matches NSA\")"].verdict == "reproduced"
+    fsa_s = next(r for c, r in after.items() if "FSA, mean" in c)
+    assert fsa_s.ours == pytest.approx(2.0) and fsa_s.commits == ("abcdef0",)
+    ratio = next(r for c, r in after.items() if "FSA / NSA" in c)
+    assert ratio.ours == pytest.approx(2.0 / 1.9) and ratio.verdict == "reproduced"
+
+
+def test_commits_of_marks_dirty_rows():
+    df = pd.DataFrame([{"status": "ok", "git_commit": "c3cd7d712b", "git_dirty": True},
+                       {"status": "ok", "git_commit": "1b987bd06d", "git_dirty": False},
+                       {"status": "error", "git_commit": "ffffffffff", "git_dirty": False}])
+    assert reproduction.commits_of(df) == ("1b987bd", "c3cd7d7 (dirty)")
+
+
+def test_reproduction_of_an_empty_platform(tmp_path):
+    rows = reproduction.claims("unit-none", tmp_path)
+    measured = [r for r in rows if not r.verdict.startswith("not attempted")]
+    assert {r.platform for r in measured} == {"formula"}  # only the Theorem's formulas need no results
+    text = reproduction.write_reproduction("unit-none", tmp_path / "R.md", tmp_path).read_text()
+    assert text.startswith("# Reproduction") and "## Verdict rules" in text
+    assert "| Theorem (§3.5) | FSA/NSA memory at g = 4, (64, 16), 64K (formulas) | 0.213 |" in text
+    assert "not attempted (`kernel` not run on this platform yet)" in text
+
+
+def _point_file(folder, point: str, commit: str | None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{point}.json").write_text(json.dumps({"point": point, "provenance": {"git_commit": commit}}))
+
+
+def test_supersede_sets_aside_rows_of_older_commits(tmp_path):
+    head = "0123456789abcdef0123456789abcdef01234567"
+    kernel = tmp_path / "h200" / "kernel"
+    _point_file(kernel, "a", head)
+    _point_file(kernel, "b", "fedcba9876543210fedcba9876543210fedcba98")  # unknown to git: older
+    _point_file(kernel, "c", None)
+    (kernel / "notes.json").write_text("{}")  # not a result row: stays
+    _point_file(tmp_path / "h200" / "dram", "d", "fedcba9876543210fedcba9876543210fedcba98")
+    assert results.supersede("h200", head[:7], tmp_path, ["kernel"], dry_run=True)
+    assert sorted(p.name for p in kernel.iterdir()) == ["a.json", "b.json", "c.json", "notes.json"]
+    moves = results.supersede("h200", head[:7], tmp_path, ["kernel"])
+    assert [m.split("/")[-1] for _, m in moves] == ["b.fedcba9.json", "c.unknown.json"]
+    assert sorted(p.name for p in kernel.iterdir()) == ["a.json", "notes.json"]
+    assert (tmp_path / "h200" / "superseded" / "kernel" / "b.fedcba9.json").is_file()
+    assert (tmp_path / "h200" / "dram" / "d.json").is_file()  # not among the experiments asked for
+    assert results.supersede("h200", head, tmp_path, ["kernel"]) == []  # idempotent
+
+
+def test_commit_order_from_git():
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    parent = subprocess.run(["git", "rev-parse", "HEAD~1"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if not parent:
+        pytest.skip("a checkout without history")
+    assert results.measured_at_or_after(head, parent)
+    assert not results.measured_at_or_after(parent, head)
+    assert results.measured_at_or_after(head[:7], head) and not results.measured_at_or_after(None, head)
+
+
+def test_git_commit_named_by_the_environment(monkeypatch):
+    from fsalab.bench import provenance
+
+    provenance.git_state.cache_clear()
+    monkeypatch.setenv("FSALAB_GIT_COMMIT", "0123456789abcdef")
+    try:
+        assert provenance.git_state() == {"git_commit": "0123456789abcdef", "git_dirty": None, "git_commit_from": "env"}
+    finally:
+        provenance.git_state.cache_clear()
+
+
+def test_table11_with_fsa_alone(tmp_path):
+    """FSA's first-call seconds compare on their own; the FSA / NSA ratio waits for NSA's rows."""
+    (tmp_path / "h200").mkdir()
+    comp = [_row(experiment="compile", impl="fsa", N=65536, g=4, block_size=64, topk=16, direction="fwd+bwd",
+                 median_ms=1.0, compile_s=2.0, cached_compile_s=0.5, first_call_s=2.001)]
+    pd.DataFrame(comp).to_csv(tmp_path / "h200" / "compile.csv", index=False)
+    rows = [r for r in reproduction.claims("h200", tmp_path) if r.artefact.startswith("Table 11")]
+    assert [r.verdict for r in rows] == ["reproduced", "not attempted (no FSA and NSA pair measured)"]

@@ -12,8 +12,6 @@ import functools
 
 import pytest
 import torch
-from test_selection_index import random_block_idx, selected_blocks
-
 from fsalab.config import NSAConfig
 from fsalab.ops.selection import nsa, selected_attention
 from fsalab.ops.selection.index import build_selection_index
@@ -21,6 +19,8 @@ from fsalab.testing import (
     attention_and_grads,
     check_selected_attention,
     make_batch,
+    random_block_idx,
+    selected_blocks,
 )
 
 # The impl under test, through the public entry point (input checks included).

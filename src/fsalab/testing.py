@@ -1,4 +1,4 @@
-"""Helpers shared by the tests and the GPU correctness checks: random varlen batches,
+"""Helpers shared by the tests (CPU and GPU): random varlen batches and block indices,
 NaN poisoning, dtype-aware comparison against an fp32 reference, and kernel-launch counting."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import torch
 
 from fsalab import cli, reproduction, results
 from fsalab.bench import grid, kernel, points, provenance, rows, timing
-from fsalab.bench.grid import repo_root
+from fsalab.bench.repo import repo_root
 
 EXPERIMENTS = sorted(p.stem for p in (repo_root() / "experiments").glob("*.yaml") if p.stem != "smoke")
 SMOKE_EXPERIMENTS = sorted(grid.load_smoke()["experiments"])

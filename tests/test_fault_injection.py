@@ -25,7 +25,7 @@ import yaml
 
 from fsalab import cli, plotting, results
 from fsalab.bench import grid, kernel, points, provenance, rows, train
-from fsalab.bench.grid import repo_root
+from fsalab.bench.repo import repo_root
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
 from fsalab.ops import reference

@@ -224,7 +224,7 @@ def cmd_notebook(args) -> int:
     import nbformat
     from nbclient import NotebookClient
 
-    from .bench.grid import repo_root
+    from .bench.repo import repo_root
 
     dest = Path(args.figures).resolve()
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ model names and experiment names are errors.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from pathlib import Path
 
@@ -27,7 +28,15 @@ E2E_REQUIRED = ("op", "model", "impl", "N", "dtype")
 
 
 def load_schema(name: str) -> dict:
-    """``<name>.schema.yaml`` of the package data (``workflow/schemas/`` in a checkout) as a dict."""
+    """``<name>.schema.yaml`` of the package data (``workflow/schemas/`` in a checkout) as a dict
+    (a fresh copy: callers may change it)."""
+    return copy.deepcopy(_parsed_schema(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed_schema(name: str) -> dict:
+    # Parsed once per process: pyyaml takes ~25 ms per schema, and result files are checked
+    # against one row by row (fsalab.results reads thousands).
     with open(data.path("schemas", f"{name}.schema.yaml")) as fh:
         return yaml.safe_load(fh)
 

@@ -32,6 +32,17 @@ def gen(seed) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+@pytest.fixture
+def poison_flash_buffers(monkeypatch):
+    """Every buffer the FlashAttention kernels (ops/flash.py) must fill starts as NaN: an
+    unwritten element fails the comparison. Modules of ops built on them use it for every test
+    (``pytestmark = pytest.mark.usefixtures("poison_flash_buffers")``)."""
+    from fsalab.ops import flash
+    from fsalab.testing import poison
+
+    monkeypatch.setattr(flash, "_empty", poison)
+
+
 def pytest_collection_modifyitems(config, items):
     if ON_GPU:
         return

@@ -1,6 +1,7 @@
 """Experiment configs, the kernel runner, aggregation and the REPRODUCTION.md writer (CPU, tiny)."""
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -8,8 +9,8 @@ import pytest
 import torch
 
 from fsalab import cli, reproduction, results
-from fsalab.bench import grid, kernel, provenance, timing
-from fsalab.bench.grid import repo_root
+from fsalab.bench import grid, kernel, points, provenance, rows, timing
+from fsalab.bench.repo import repo_root
 
 EXPERIMENTS = sorted(p.stem for p in (repo_root() / "experiments").glob("*.yaml") if p.stem != "smoke")
 SMOKE_EXPERIMENTS = sorted(grid.load_smoke()["experiments"])
@@ -39,15 +40,15 @@ def test_experiment_configs_validate(name, smoke):
     to unique ids."""
     exp = grid.load_experiment(name, smoke=smoke)
     assert exp["feeds"] and exp["timing"]["method"] in timing.METHODS  # defaults filled in
-    if exp["runner"] not in ("kernel", "theory", *grid.E2E_RUNNERS):
+    if exp["runner"] not in ("kernel", "theory", *points.E2E_RUNNERS):
         return
-    points = grid.expand(exp)
-    assert points and len({p["id"] for p in points}) == len(points)
-    if exp["runner"] in grid.E2E_RUNNERS:
-        op = grid.E2E_RUNNERS[exp["runner"]][0]
-        assert all(p["op"] == op and p["model"] and p["id"].startswith(op.replace("_", "")) for p in points)
+    expanded = grid.expand(exp)
+    assert expanded and len({p["id"] for p in expanded}) == len(expanded)
+    if exp["runner"] in points.E2E_RUNNERS:
+        op = points.E2E_RUNNERS[exp["runner"]][0]
+        assert all(p["op"] == op and p["model"] and p["id"].startswith(op.replace("_", "")) for p in expanded)
     if exp["runner"] == "kernel":
-        assert all(p["dtype"] in ("float16", "bfloat16", "float32") and "batch" in p for p in points)
+        assert all(p["dtype"] in ("float16", "bfloat16", "float32") and "batch" in p for p in expanded)
 
 
 def test_invalid_config_is_rejected():
@@ -60,7 +61,7 @@ def test_invalid_config_is_rejected():
 def test_point_ids_are_stable_and_distinct():
     a = grid.expand(_tiny_exp())[0]
     b = grid.expand(_tiny_exp(variant={"options": {"inner_loop": False}}))[0]
-    assert a["id"] == f"selected-reference-fwdbwd-N80-b2-hkv1-g2-d16-B16-T3-fp32-w32-{grid.point_hash(a)}"
+    assert a["id"] == f"selected-reference-fwdbwd-N80-b2-hkv1-g2-d16-B16-T3-fp32-w32-{points.point_hash(a)}"
     assert b["id"].startswith(a["id"][:-9] + "-innerloop0-")
     assert grid.expand(_tiny_exp())[0]["id"] == a["id"]  # stable across expansions
 
@@ -68,18 +69,17 @@ def test_point_ids_are_stable_and_distinct():
 def test_e2e_point_ids_carry_steps_and_rank_count(monkeypatch):
     """Convergence runs of different lengths, and parallel runs at different rank counts, write
     different files."""
-    from fsalab.bench import train
 
-    conv = {**train.DEFAULTS, "op": "convergence", "model": "llama3-8b", "impl": "fsa", "N": 4096, "steps": 3000,
+    conv = {**points.E2E_DEFAULTS, "op": "convergence", "model": "llama3-8b", "impl": "fsa", "N": 4096, "steps": 3000,
             "dtype": "bfloat16"}
-    assert train.point_id(conv).endswith(f"-S3000-{grid.point_hash(conv)}")
+    assert points.e2e_point_id(conv).endswith(f"-S3000-{points.point_hash(conv)}")
     # Another window or gate branch is another run (the convergence noise floor), named in the prefix.
-    assert "-bf16-winreference-S3000-" in train.point_id({**conv, "window_impl": "reference"})
-    assert "-bf16-gatereference-S3000-" in train.point_id({**conv, "gate_impl": "reference"})
+    assert "-bf16-winreference-S3000-" in points.e2e_point_id({**conv, "window_impl": "reference"})
+    assert "-bf16-gatereference-S3000-" in points.e2e_point_id({**conv, "gate_impl": "reference"})
     monkeypatch.setenv("WORLD_SIZE", "4")
-    tp = {**train.DEFAULTS, "op": "prefill", "model": "llama3-8b", "impl": "nsa", "N": 32768, "parallel": "tp",
+    tp = {**points.E2E_DEFAULTS, "op": "prefill", "model": "llama3-8b", "impl": "nsa", "N": 32768, "parallel": "tp",
           "dtype": "float16"}
-    assert train.point_id(tp).endswith(f"-tp4-{grid.point_hash(tp)}")
+    assert points.e2e_point_id(tp).endswith(f"-tp4-{points.point_hash(tp)}")
 
 
 def test_runner_writes_valid_reference_row(tmp_path):
@@ -91,10 +91,10 @@ def test_runner_writes_valid_reference_row(tmp_path):
     assert row["n_samples"] == len(row["samples_ms"]) == 2
     assert row["useful_flops"] > 0 and row["h"] == 2
     assert "compression path" in row["inputs"]["indices_from"]
-    path = kernel.write_row(row, kernel.result_path(tmp_path, "unit-cpu", "unit", point["id"]))
+    path = rows.write_row(row, rows.result_path(tmp_path, "unit-cpu", "unit", point["id"]))
     loaded = json.loads(path.read_text())
     grid.validate(loaded, _result_schema(), str(path))
-    assert all(c in loaded for c in kernel.COLUMNS)
+    assert all(c in loaded for c in rows.COLUMNS)
 
 
 def test_unknown_impl_gives_unsupported_row():
@@ -117,7 +117,7 @@ def test_cli_and_aggregate(tmp_path, capsys):
     args = ["bench-kernel", "--experiment", "kernel", "--smoke", "--point", str(point_file), "--out", str(out),
             "--platform", "unit-cpu"]
     assert cli.main(args) == 0
-    kernel.write_row({**json.loads(out.read_text()), "point": "copy", "impl": "other"}, out.with_name("x.json"))
+    rows.write_row({**json.loads(out.read_text()), "point": "copy", "impl": "other"}, out.with_name("x.json"))
     assert cli.main(["aggregate", "--experiment", "kernel", "--platform", "unit-cpu", "--results-dir", str(tmp_path / "res")]) == 0
     df = pd.read_csv(tmp_path / "res" / "unit-cpu" / "kernel.csv")
     assert list(df.columns[: len(results.COLUMNS)]) == list(results.COLUMNS)
@@ -126,8 +126,11 @@ def test_cli_and_aggregate(tmp_path, capsys):
     assert results.load_table("nowhere", "kernel", tmp_path / "res").empty
 
 
-def test_columns_agree():
-    assert kernel.COLUMNS == results.COLUMNS
+def test_design_lists_the_columns():
+    """DESIGN §2 names the columns every table starts with: the list the rows are built from."""
+    text = (repo_root() / "docs" / "DESIGN.md").read_text()
+    listed = re.search(r"read it the same way:\s*`([^`]+)`", text).group(1)
+    assert tuple(c.strip() for c in listed.replace("\n", " ").split(",")) == rows.COLUMNS
 
 
 def test_timing_summary_and_methods():
@@ -304,7 +307,7 @@ def test_smoke_e2e_points_give_valid_rows(tmp_path):
     for name, runner in (("train", train), ("prefill", prefill)):
         exp = grid.load_experiment(name, smoke=True)
         point = next(p for p in grid.expand(exp) if p["impl"] == "reference")
-        assert [p["id"] for p in train.expand(exp, grid.e2e_base(name))] == [p["id"] for p in grid.expand(exp)]
+        assert [p["id"] for p in grid.expand(exp, points.e2e_base(name))] == [p["id"] for p in grid.expand(exp)]
         out = tmp_path / "cpu-test" / name / f"{point['id']}.json"
         assert runner.main(["--experiment", name, "--smoke", "--point", point["id"], "--platform", "cpu-test",
                             "--out", str(out)]) == 0

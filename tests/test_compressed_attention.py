@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_flash import check_attention, compressed_inputs, poison_buffers  # noqa: F401  (autouse fixture)
 
 from fsalab.config import NSAConfig
 from fsalab.ops import reference
 from fsalab.ops.compression import compressed_attention
+from fsalab.testing import check_attention, compressed_inputs
+
+pytestmark = pytest.mark.usefixtures("poison_flash_buffers")
 
 DEFAULT = NSAConfig()
 SMALL = NSAConfig(kernel_size=16, kernel_stride=16, block_size=16, topk=3)

@@ -5,10 +5,8 @@ import json
 
 import pytest
 import torch
-from test_selection_index import random_block_idx
-
 from fsalab.ops.selection import dispatch
-from fsalab.testing import check_selected_attention, make_batch
+from fsalab.testing import check_selected_attention, make_batch, random_block_idx
 
 
 def test_rules_pick_fsa_forward_and_nsa_backward_for_large_groups():

@@ -24,8 +24,8 @@ import torch
 import yaml
 
 from fsalab import cli, plotting, results
-from fsalab.bench import grid, kernel, provenance, train
-from fsalab.bench.grid import repo_root
+from fsalab.bench import grid, kernel, points, provenance, rows, train
+from fsalab.bench.repo import repo_root
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
 from fsalab.ops import reference
@@ -64,19 +64,19 @@ def _rows(folder: Path) -> dict[str, dict]:
 @pytest.mark.parametrize("exc", [KeyError("h_kv"), RuntimeError("kernel crashed"), ZeroDivisionError("x")],
                          ids=lambda e: type(e).__name__)
 def test_batch_keeps_good_rows_whatever_a_point_raises(tmp_path, monkeypatch, exc):
-    """One point raises outside the runner's own try (where base_row used to fail): its row says
+    """One point raises outside the runner's own try (where the row is started): its row says
     so, the other points' rows are written, the folder aggregates."""
     exp = _load(_exp())
     points = grid.expand(exp)
     bad = points[1]["id"]
-    real = kernel._base_row
+    real = kernel.kernel_row
 
     def base_row(p, platform):
         if p["id"] == bad:
             raise exc
         return real(p, platform)
 
-    monkeypatch.setattr(kernel, "_base_row", base_row)
+    monkeypatch.setattr(kernel, "kernel_row", base_row)
     kernel.run_points(points, exp, torch.device("cpu"), tmp_path, "unit-cpu", stream=None)
     rows = _rows(tmp_path / "unit-cpu" / "unit")
     assert set(rows) == {p["id"] for p in points}
@@ -90,7 +90,7 @@ def test_per_point_cli_writes_a_failure_row_and_exits_0(tmp_path, monkeypatch):
     exp = _exp()
     path = _yaml(tmp_path, exp)
     point = grid.expand(_load(_exp()))[0]
-    monkeypatch.setattr(kernel, "_base_row", lambda p, platform: {}["h_kv"])
+    monkeypatch.setattr(kernel, "kernel_row", lambda p, platform: {}["h_kv"])
     out = tmp_path / "res" / "unit-cpu" / "unit" / f"{point['id']}.json"
     args = ["bench-kernel", "--experiment", str(path), "--point", point["id"], "--platform", "unit-cpu",
             "--results-dir", str(tmp_path / "res")]
@@ -101,16 +101,16 @@ def test_per_point_cli_writes_a_failure_row_and_exits_0(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["--all", "--point"])
 def test_end_to_end_runner_keeps_good_rows_and_exits_0(tmp_path, monkeypatch, mode):
-    """The train runner failing inside base_row for one model (an unknown model used to do
+    """The train runner failing inside its row builder for one model (an unknown model used to do
     that): exit 0, one row per point, the good ones ok."""
-    real = train.model_shape
+    real = rows.model_shape
 
     def model_shape(p):
         if p["model"] == "qwen3-14b":
             raise KeyError(f"unknown model {p['model']!r}")
         return real(p)
 
-    monkeypatch.setattr(train, "model_shape", model_shape)
+    monkeypatch.setattr(rows, "model_shape", model_shape)
     exp = grid.load_experiment("train", smoke=True)
     ids = [p["id"] for p in grid.expand(exp) if p["impl"] == "sdpa_math"]
     args = ["--experiment", "train", "--smoke", "--platform", "cpu-test", "--results-dir", str(tmp_path)]
@@ -119,9 +119,9 @@ def test_end_to_end_runner_keeps_good_rows_and_exits_0(tmp_path, monkeypatch, mo
     else:
         for pid in ids:
             assert train.main([*args, "--point", pid]) == 0
-    rows = _rows(tmp_path / "cpu-test" / "train")
-    assert set(rows) == set(ids)
-    assert {r["model"]: r["status"] for r in rows.values()} == {"llama3-8b": "ok", "qwen3-14b": "error"}
+    written = _rows(tmp_path / "cpu-test" / "train")
+    assert set(written) == set(ids)
+    assert {r["model"]: r["status"] for r in written.values()} == {"llama3-8b": "ok", "qwen3-14b": "error"}
 
 
 # ---------------------------------------------------------------- 2. ids name the whole configuration
@@ -158,8 +158,8 @@ def test_label_alone_does_not_change_an_id():
 @pytest.mark.parametrize("key, value", [("seed", 3), ("kernel_size", 16), ("init_blocks", 0), ("local_blocks", 1),
                                         ("model_overrides", {"hidden_size": 128}), ("loss_chunk", 64)])
 def test_end_to_end_point_ids_differ_in_every_parameter(key, value):
-    p = {**train.DEFAULTS, "op": "train_step", "model": "llama3-8b", "impl": "fsa", "N": 4096, "dtype": "bfloat16"}
-    assert train.point_id(p) != train.point_id({**p, key: value})
+    p = {**points.E2E_DEFAULTS, "op": "train_step", "model": "llama3-8b", "impl": "fsa", "N": 4096, "dtype": "bfloat16"}
+    assert points.e2e_point_id(p) != points.e2e_point_id({**p, key: value})
 
 
 def test_committed_results_carry_hashed_ids_and_their_csvs_match():
@@ -281,7 +281,7 @@ def test_end_to_end_schema_knows_exactly_the_runners_parameters():
     """$defs/e2e_params lists every parameter the end-to-end runners default (so none is
     rejected) and nothing else (so a typo is)."""
     keys = set(grid.load_schema("experiment")["$defs"]["e2e_params"]["properties"])
-    assert keys == set().union(*(grid.e2e_base(r) for r in grid.E2E_RUNNERS)) | set(grid.E2E_REQUIRED)
+    assert keys == set().union(*(points.e2e_base(r) for r in points.E2E_RUNNERS)) | set(grid.E2E_REQUIRED)
 
 
 @pytest.mark.parametrize("command", [["points"], ["aggregate", "--platform", "unit"], ["bench-kernel", "--all"],

@@ -1,6 +1,6 @@
 """The generic FlashAttention kernels (ops/flash.py): forward o/lse and dq/dk/dv against the fp32
 reference, for both masks, every head dim and group size, large logits, chunked dk/dv, and the
-NaN-poisoned buffers. ``check_attention`` and ``poison_buffers`` are shared with the op tests."""
+NaN-poisoned buffers (``poison_flash_buffers``, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,55 +9,9 @@ import torch
 
 from fsalab.config import NSAConfig
 from fsalab.ops import flash, reference
-from fsalab.testing import assert_close, make_batch, poison
-from fsalab.varlen import compressed_capacity, compressed_cu_seqlens
+from fsalab.testing import assert_close, check_attention, compressed_inputs, make_batch
 
-
-@pytest.fixture(autouse=True)
-def poison_buffers(monkeypatch):
-    """Every buffer the kernels must fill starts as NaN: an unwritten element fails the comparison."""
-    monkeypatch.setattr(flash, "_empty", poison)
-
-
-def check_attention(op, ref, tensors, dtype, seed, grads=True, atol_factor=2.0):
-    """Compare op(q, k, v) with ref(q, k, v) (fp32 reference, same extra args bound in both).
-
-    op returns o or (o, lse); ref returns (o, lse). tensors: (q, k, v) in any float dtype, cast to
-    dtype. The bound is atol_factor x PyTorch's own error in dtype (the reference run in native
-    precision). With grads, the loss is sum(o * do) + sum(lse * dlse) over finite lse entries.
-    """
-    leaves = [t.detach().to(dtype).requires_grad_(grads) for t in tensors]
-    exact = [t.detach().float().requires_grad_(grads) for t in leaves]
-    native = [t.detach().clone().requires_grad_(grads) for t in leaves]
-    out = op(*leaves)
-    o, lse = out if isinstance(out, tuple) else (out, None)
-    ro, rl = ref(*exact)
-    with reference.native_precision():
-        no, nl = ref(*native)
-    assert o.dtype == dtype and o.shape == ro.shape
-    assert_close(o, ro, no, dtype, atol_factor, name="o")
-    if lse is not None:
-        assert lse.dtype == torch.float32
-        assert_close(lse, rl, nl, dtype, atol_factor, name="lse")
-    if not grads:
-        return o, lse
-    gen = torch.Generator().manual_seed(seed)
-    do = torch.randn(o.shape, generator=gen).to(o.device)
-    dlse = torch.randn(o.shape[:2], generator=gen).to(o.device)
-
-    def loss(o_, lse_):
-        value = (o_.float() * do).sum()
-        if lse is not None:
-            value = value + (torch.where(torch.isfinite(lse_), lse_.float(), 0.0) * dlse).sum()
-        return value
-
-    for o_, lse_ in ((o, lse), (ro, rl), (no, nl)):
-        loss(o_, lse_).backward()
-    for name, a, e, n in zip(("dq", "dk", "dv"), leaves, exact, native):
-        # PyTorch leaves no gradient on zero-row k/v (a batch without compressed tokens).
-        e_grad, n_grad = (t.grad if t.grad is not None else torch.zeros_like(t) for t in (e, n))
-        assert_close(a.grad, e_grad, n_grad, dtype, atol_factor, name=name)
-    return o, lse
+pytestmark = pytest.mark.usefixtures("poison_flash_buffers")
 
 
 def _window(window_size, **kwargs):
@@ -68,18 +22,6 @@ def _window(window_size, **kwargs):
         return reference.window_attention(q, k, v, cu, window_size)
 
     return op, ref
-
-
-def compressed_inputs(lengths, h, h_kv, d, cfg, seed, device="cpu"):
-    """q over raw tokens; k_cmp/v_cmp in the reference layout (total // s rows, zero padding rows)."""
-    batch = make_batch(lengths, h, h_kv, d, seed=seed, device=device)
-    cu_cmp = compressed_cu_seqlens(batch.cu_seqlens, cfg.kernel_size, cfg.kernel_stride)
-    rows = compressed_capacity(batch.total, cfg.kernel_stride)
-    gen = torch.Generator().manual_seed(seed + 1)
-    valid = (torch.arange(rows) < cu_cmp[-1].item())[:, None, None]
-    k_cmp = (torch.randn(rows, h_kv, d, generator=gen) * valid).to(device)
-    v_cmp = (torch.randn(rows, h_kv, d, generator=gen) * valid).to(device)
-    return batch, k_cmp, v_cmp, cu_cmp
 
 
 def _compressed(cfg, cu_cmp, **kwargs):

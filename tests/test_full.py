@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_flash import check_attention, poison_buffers  # noqa: F401  (autouse fixture)
 
 from fsalab.ops import full, reference
 from fsalab.ops.window import flash_attn_varlen
-from fsalab.testing import make_batch
+from fsalab.testing import check_attention, make_batch
+
+pytestmark = pytest.mark.usefixtures("poison_flash_buffers")
 
 
 def _check(lengths, h, h_kv, d, impl, dtype, seed, device, max_seqlen=None):

@@ -84,8 +84,10 @@ def test_errors():
 
 
 @pytest.mark.gpu
-def test_bf16_on_gpu(gen, device):
-    _check(3000, 8, 128, torch.bfloat16, torch.bfloat16, gen, device)
+@pytest.mark.parametrize("total, h, dtype", [(3000, 8, torch.bfloat16), (8192, 32, torch.bfloat16),
+                                             (8192, 32, torch.float16)])
+def test_on_gpu(total, h, dtype, gen, device):
+    _check(total, h, 128, dtype, dtype, gen, device)
 
 
 def test_gate_op_picks_by_name():

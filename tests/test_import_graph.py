@@ -10,8 +10,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import fsalab
 
 SRC = Path(fsalab.__file__).resolve().parent
@@ -29,12 +27,6 @@ LAYERS = {
     "fsalab.cli": 7, "fsalab.smoke": 7,
 }
 LAYER_NAMES = ["config", "ops", "modules", "models", "bench", "results", "reproduction/figures", "cli"]
-
-# The circle bench/ has today: the grid expands end-to-end points with the runners' id helpers,
-# provenance reads experiment paths from the grid, and the runners import each other's names.
-BENCH_CIRCLE = ("fsalab.bench.grid -> fsalab.bench.train -> fsalab.bench.provenance -> fsalab.bench.grid "
-                "(with bench.convergence, bench.prefill, bench.kernel)")
-
 
 def _modules() -> dict[str, tuple[Path, bool]]:
     found = {}
@@ -117,25 +109,25 @@ def layer(module: str) -> int:
     return LAYERS[prefix]
 
 
-def _in_bench(module: str) -> bool:
-    return module.startswith("fsalab.bench.")
-
-
 def test_cycle_finder_finds_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert cycles(graph) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_import_cycle_outside_bench():
-    outside = [c for c in cycles(import_graph()) if not all(_in_bench(m) for m in c)]
-    assert not outside, outside
+def test_no_import_cycle():
+    found = cycles(import_graph())
+    assert not found, found
 
 
-@pytest.mark.xfail(strict=True, reason=f"bench/ has an import circle until it is split into layers: {BENCH_CIRCLE}")
-def test_no_import_cycle_inside_bench():
-    inside = [c for c in cycles(import_graph()) if all(_in_bench(m) for m in c)]
-    assert not inside, inside
+def test_bench_runners_import_no_runner():
+    """bench/ in layers: the shared modules (points, rows, grid, e2e_cli, ...) import no runner,
+    and no runner imports another (each imports only the shared pieces below it)."""
+    runners = {f"fsalab.bench.{r}" for r in ("kernel", "dram", "versus", "train", "prefill", "convergence")}
+    graph = import_graph()
+    sideways = [f"{a} imports {b}" for a, targets in sorted(graph.items()) if a.startswith("fsalab.bench.")
+                for b in sorted(targets & runners)]
+    assert not sideways, "\n".join(sideways)
 
 
 def test_layers_import_downward_only():
@@ -151,3 +143,15 @@ def test_graph_sees_the_imports():
     assert "fsalab.ops._triton" in graph["fsalab.ops.flash"]
     assert "fsalab.ops.selection.fsa_partials" in graph["fsalab.ops.selection.fsa_bwd"]
     assert "fsalab.modules.nsa" in graph["fsalab.modules"]
+
+
+def test_no_test_module_imports_another():
+    """Tests share helpers through fsalab.testing and fixtures through tests/conftest.py."""
+    tests = Path(__file__).resolve().parent
+    modules = {p.stem for p in tests.glob("test_*.py")}
+    found = [f"{path.name} imports {name}" for path in sorted(tests.glob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text()))
+             for name in ([a.name for a in node.names] if isinstance(node, ast.Import)
+                          else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+             if name in modules]
+    assert not found, found

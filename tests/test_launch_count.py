@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_selection_index import random_block_idx
-
 from fsalab.ops.selection import selected_attention
-from fsalab.testing import LaunchCounter, make_batch, nsa_attention_calls
+from fsalab.testing import LaunchCounter, make_batch, nsa_attention_calls, random_block_idx
 
 # (impl, direction) -> most launches per call.
 LIMITS = {

@@ -10,7 +10,7 @@ from torch import nn
 pytest.importorskip("transformers")
 
 from fsalab import NSAConfig
-from fsalab.bench import convergence, prefill, train
+from fsalab.bench import convergence, model_build, points, prefill, rows, train
 from fsalab.models import configs, patch
 
 # A tiny width that keeps each architecture's features (GQA, Qwen3 QK-norm, Qwen2 biases).
@@ -195,7 +195,7 @@ def test_chunked_cross_entropy_matches_full(seed):
     hidden = torch.randn(37, 16, generator=gen, requires_grad=True)
     labels = torch.randint(0, 50, (37,), generator=gen)
     labels[[3, 20, 36]] = -100
-    loss = train.chunked_cross_entropy(hidden, head, labels, chunk=8)
+    loss = model_build.chunked_cross_entropy(hidden, head, labels, chunk=8)
     ref = nn.functional.cross_entropy(head(hidden), labels, ignore_index=-100)
     torch.testing.assert_close(loss, ref)
     (g_loss,) = torch.autograd.grad(loss, hidden)
@@ -204,9 +204,9 @@ def test_chunked_cross_entropy_matches_full(seed):
 
 
 def _point(op: str, impl: str, **over) -> dict:
-    p = {**train.DEFAULTS, "op": op, "model": "qwen2.5-32b", "impl": impl, "N": 128, "dtype": "float32",
+    p = {**points.E2E_DEFAULTS, "op": op, "model": "qwen2.5-32b", "impl": impl, "N": 128, "dtype": "float32",
          "model_overrides": TINY, "loss_chunk": 64, "topk": 3, "window_size": 32, "experiment": op, **over}
-    p["id"] = train.point_id(p)
+    p["id"] = points.e2e_point_id(p)
     return p
 
 
@@ -222,7 +222,7 @@ def test_train_runner_row(impl):
     assert row["median_ms"] > 0 and row["n_samples"] == 1 and math.isfinite(row["loss"])
     assert row["full_depth_ms"] > row["median_ms"] and row["full_depth_kind"].startswith("estimate")
     assert row["attention_ms_per_layer"] > 0 and row["mlp_ms_per_layer"] > 0
-    from fsalab.bench.kernel import COLUMNS
+    from fsalab.bench.rows import COLUMNS
 
     assert all(c in row for c in COLUMNS)
 
@@ -239,7 +239,7 @@ def test_training_memory_floor_rules_out_only_what_cannot_fit():
     assert train.training_memory_floor({**full, "model": "qwen2.5-32b", "layers": 2}, torch.bfloat16, 1) is None
     with pytest.raises(torch.OutOfMemoryError, match="predicted before building") as info:
         train.check_training_fits({**full, "model": "qwen2.5-32b"}, torch.bfloat16, 2, h200)
-    row = train.fail_row({}, info.value)
+    row = rows.fail_row({}, info.value)
     assert row["status"] == "oom" and "GiB per rank" in row["message"]
     train.check_training_fits({**full, "model": "qwen2.5-32b"}, torch.bfloat16, 4, h200)
     train.check_training_fits({**full, "model": "llama3-8b"}, torch.bfloat16, 2, h200)
@@ -301,6 +301,6 @@ def test_convergence_needle_span():
     legacy = _point("convergence", "reference", **base)
     assert all(torch.equal(x, y) for x, y in zip(convergence.retrieval_batch(one, 256, 5, CPU),
                                                   convergence.retrieval_batch(legacy, 256, 5, CPU)))
-    assert "-span8-" in train.point_id(p) and "span" not in train.point_id(one)
+    assert "-span8-" in points.e2e_point_id(p) and "span" not in points.e2e_point_id(one)
     with pytest.raises(ValueError, match="do not fit"):
         convergence.retrieval_batch({**p, "pairs": 20, "num_keys": 20}, 256, 0, CPU)

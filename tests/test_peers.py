@@ -15,11 +15,9 @@ import sys
 
 import pytest
 import torch
-from test_selection_index import random_block_idx
-
 from fsalab.bench import grid, kernel
 from fsalab.ops.selection import fla_nsa, selected_attention
-from fsalab.testing import check_selected_attention, make_batch
+from fsalab.testing import check_selected_attention, make_batch, random_block_idx
 
 ON_GPU = torch.cuda.is_available()
 

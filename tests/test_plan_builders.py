@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_selection_index import random_block_idx
-
 from fsalab.ops.selection import fsa_plan, nsa, worklist
 from fsalab.ops.selection.index import (
     block_capacity,
     build_selection_index,
     token_starts,
 )
-from fsalab.testing import cu_seqlens_of
+from fsalab.testing import cu_seqlens_of, random_block_idx
 from fsalab.varlen import sequence_ids
 
 # ---------------------------------------------------------------------------------------------

@@ -17,8 +17,6 @@ import functools
 
 import pytest
 import torch
-from test_selection_index import random_block_idx, selected_blocks
-
 from fsalab.config import NSAConfig
 from fsalab.ops.selection import fsa, fsa_plan, selected_attention
 from fsalab.testing import (
@@ -26,6 +24,8 @@ from fsalab.testing import (
     check_selected_attention,
     make_batch,
     poisoned_allocations,
+    random_block_idx,
+    selected_blocks,
 )
 
 PAPER_SWITCHES = [(True, True), (False, True), (True, False), (False, False)]  # (inner_loop, early_return)

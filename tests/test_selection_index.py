@@ -1,57 +1,17 @@
 """build_selection_index against a plain Python transpose of block_idx.
 
-Also home of the block_idx generators shared with test_selection_nsa.py: the real NSA
-selection path (reference.select_blocks on random inputs) and random valid selections.
+block_idx comes from ``fsalab.testing``: the real NSA selection path (``selected_blocks``) and
+random valid selections (``random_block_idx``).
 """
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 
 from fsalab.config import NSAConfig
-from fsalab.ops import reference
 from fsalab.ops.selection.index import build_selection_index
-from fsalab.testing import cu_seqlens_of, make_batch, random_lengths
-
-
-def selected_blocks(batch, cfg: NSAConfig, gen: torch.Generator) -> torch.Tensor:
-    """block_idx int32 [total, h_kv, topk] from NSA's compression + top-k path on ``batch`` (fp32 math)."""
-    q, k, v, cu = batch.q.detach().float(), batch.k.detach().float(), batch.v.detach().float(), batch.cu_seqlens
-    h_kv, d = k.shape[1], k.shape[2]
-    l = cfg.kernel_size
-    w_k = torch.randn(h_kv, l * d, d, generator=gen).to(k.device) / math.sqrt(l * d)
-    w_v = torch.randn(h_kv, l * d, d, generator=gen).to(k.device) / math.sqrt(l * d)
-    pe = torch.randn(h_kv, l, d, generator=gen).to(k.device) * 0.1
-    k_cmp, v_cmp, cu_cmp = reference.compress_kv(k, v, w_k, w_v, pe, cu, cfg)
-    _, lse_cmp = reference.compressed_attention(q, k_cmp, v_cmp, cu, cu_cmp, cfg)
-    return reference.select_blocks(q, k_cmp, lse_cmp, cu, cu_cmp, cfg)
-
-
-def random_block_idx(
-    cu_seqlens: torch.Tensor, h_kv: int, topk: int, block_size: int, gen: torch.Generator, p_drop: float = 0.3
-) -> torch.Tensor:
-    """Random valid block_idx: distinct causal blocks, ascending, -1 padded; each candidate kept w.p. 1 - p_drop.
-
-    Rows come out with anywhere from 0 to topk valid entries (empty selections included).
-    """
-    cu = cu_seqlens.cpu().long()
-    total = int(cu[-1])
-    lengths = (cu[1:] - cu[:-1]).tolist()
-    pos = torch.cat([torch.arange(n) for n in lengths]) if total else torch.zeros(0, dtype=torch.long)
-    num_blocks = max([-(-n // block_size) for n in lengths] + [topk])
-    own = (pos // block_size)[:, None, None]
-    blocks = torch.arange(num_blocks)
-    score = torch.rand(total, h_kv, num_blocks, generator=gen)
-    keep = (blocks <= own) & (torch.rand(total, h_kv, num_blocks, generator=gen) >= p_drop)
-    score = torch.where(keep, score, torch.full_like(score, -1.0))
-    top = torch.topk(score, topk, dim=-1)
-    chosen = torch.where(top.values >= 0, top.indices, torch.full_like(top.indices, num_blocks))
-    chosen = torch.sort(chosen, dim=-1).values
-    out = torch.where(chosen == num_blocks, torch.full_like(chosen, -1), chosen).to(torch.int32)
-    return out.to(cu_seqlens.device)
+from fsalab.testing import cu_seqlens_of, make_batch, random_block_idx, random_lengths, selected_blocks
 
 
 def reference_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, block_size: int):

@@ -12,8 +12,6 @@ import functools
 
 import pytest
 import torch
-from test_selection_index import random_block_idx, selected_blocks
-
 from fsalab.config import NSAConfig
 from fsalab.ops.selection import nsa, selected_attention
 from fsalab.ops.selection.index import build_selection_index
@@ -21,6 +19,8 @@ from fsalab.testing import (
     attention_and_grads,
     check_selected_attention,
     make_batch,
+    random_block_idx,
+    selected_blocks,
 )
 
 # The impl under test, through the public entry point (input checks included).
@@ -119,7 +119,7 @@ def test_nsa_split_segments(monkeypatch, seed, gen, device):
 
 
 def test_nsa_prefetch_ablation(monkeypatch, seed, gen, device):
-    """prefetch=False, the ablation timed by scripts/gpu/check_nsa.py, gives bit-identical results."""
+    """prefetch=False, the ablation of docs/perf-log-nsa.md, gives bit-identical results."""
     monkeypatch.setattr(nsa, "_segment_entries", lambda g: 7)
     g, h_kv, block_size, scale = 3, 2, 16, 0.125
     batch = make_batch([40, 37], g * h_kv, h_kv, 64, dtype=torch.float16, device=device, seed=seed)

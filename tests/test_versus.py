@@ -7,7 +7,6 @@ import torch
 
 from fsalab import results
 from fsalab.bench import grid, ops, timing, versus
-from fsalab.bench.check import with_leaves
 from fsalab.bench.inputs import make_inputs
 
 TINY = {"batch": 1, "h_kv": 1, "d": 32, "dtype": "float16", "kernel_size": 16, "kernel_stride": 16,
@@ -168,7 +167,7 @@ def test_whole_nsa_attention_replays_from_a_cuda_graph(impl, direction, monkeypa
     p = grid.expand(exp)[0]
     inputs = make_inputs(p, device)
     bound = ops.bind("nsa_attention", impl)
-    x = with_leaves(inputs, bound.grad_args) if direction != "fwd" else inputs
+    x = inputs.with_leaves(bound.grad_args) if direction != "fwd" else inputs
     leaves = [x.tensors[n] for n in bound.grad_args] if direction != "fwd" else []
     do = torch.randn_like(inputs.tensors["q"]) if direction != "fwd" else None
     fn = versus._directional(lambda: bound.fn(x)[0], leaves, do, direction)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_flash import check_attention, poison_buffers  # noqa: F401  (autouse fixture)
 
 from fsalab.ops import reference, window
-from fsalab.testing import assert_close, make_batch
+from fsalab.testing import assert_close, check_attention, make_batch
+
+pytestmark = pytest.mark.usefixtures("poison_flash_buffers")
 
 
 def _check(lengths, h, h_kv, d, w, dtype, seed, device, backend="triton", grads=True):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fsalab.bench.grid import repo_root
+from fsalab.bench.repo import repo_root
 
 ROOT = repo_root()
 SNAKEMAKE = shutil.which("snakemake") or (

@@ -8,6 +8,7 @@ device-side asserts (``torch._assert_async``) so the launch path keeps no host s
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -22,6 +23,21 @@ REFERENCE_DTYPES = KERNEL_DTYPES + (torch.float64,)
 
 def _value_checks_enabled() -> bool:
     return os.environ.get("FSALAB_VALUE_CHECKS", "1") != "0"
+
+
+@contextlib.contextmanager
+def value_checks_off():
+    """Value checks skipped inside the block (``FSALAB_VALUE_CHECKS=0``), the old setting back
+    after it: the benchmarks time the launch path without the asserts' extra ops."""
+    old = os.environ.get("FSALAB_VALUE_CHECKS")
+    os.environ["FSALAB_VALUE_CHECKS"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("FSALAB_VALUE_CHECKS", None)
+        else:
+            os.environ["FSALAB_VALUE_CHECKS"] = old
 
 
 def _expect(cond: torch.Tensor, message: str) -> None:

@@ -107,7 +107,7 @@ def cmd_bench_kernel(args) -> int:
     device = _prepare_device()
     import importlib
 
-    from .bench import grid, kernel
+    from .bench import grid, kernel, rows
     from .bench.provenance import detect_platform
 
     if args.platform:
@@ -133,10 +133,10 @@ def cmd_bench_kernel(args) -> int:
             kernel.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, runner=run_point,
                               force=args.force)
         return 0
-    out = args.out or kernel.result_path(args.results_dir, platform, point["experiment"], point["id"])
-    kernel.check_writable(out, platform, args.force)
-    row = kernel.run_safely(run_point, point, exp, device, platform)
-    kernel.write_row(row, out, args.force)
+    out = args.out or rows.result_path(args.results_dir, platform, point["experiment"], point["id"])
+    rows.check_writable(out, platform, args.force)
+    row = rows.run_safely(run_point, point, exp, device, platform)
+    rows.write_row(row, out, args.force)
     median = f"{row['median_ms']:.4f} ms" if row.get("median_ms") is not None else row["message"][:200]
     print(f"{point['id']}: {row['status']} {median} -> {out}", file=sys.stderr)
     return 0
@@ -237,7 +237,7 @@ def cmd_notebook(args) -> int:
     import nbformat
     from nbclient import NotebookClient
 
-    from .bench.grid import repo_root
+    from .bench.repo import repo_root
 
     dest = Path(args.figures).resolve()
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ import pandas as pd
 import seaborn as sns
 
 from . import results
-from .bench.grid import repo_root
+from .bench.repo import repo_root
 
 # One colour per implementation across every figure.
 PALETTE = {

@@ -7,7 +7,7 @@ generator read the CSVs through ``load_table``; every row is checked against
 ``result.schema.yaml`` (``fsalab.data``) on the way in, and ``aggregate`` refuses a folder whose
 rows were measured on another machine than the folder's (``--force`` to import copies).
 ``migrate_point_ids`` renames point files whose id is not the one their parameters give (ids
-hash every parameter, ``fsalab.bench.grid.point_hash``), without re-measuring anything.
+hash every parameter, ``fsalab.bench.points.point_hash``), without re-measuring anything.
 """
 
 from __future__ import annotations
@@ -20,14 +20,10 @@ import pandas as pd
 import yaml
 
 from . import data
-from .bench.grid import E2E_OPS, e2e_base, known_experiments, load_schema, point_hash, repo_root, validate
-
-# DESIGN §2 columns, in order (kept in sync with fsalab.bench.kernel.COLUMNS by a test).
-COLUMNS = (
-    "experiment", "op", "impl", "direction", "model", "N", "batch", "h", "h_kv", "g", "d",
-    "block_size", "topk", "dtype", "median_ms", "p20_ms", "p80_ms", "n_samples",
-    "useful_tflops", "peak_mem_gib", "status",
-)
+from .bench.grid import known_experiments, load_schema, validate
+from .bench.points import E2E_OPS, e2e_base, point_hash
+from .bench.repo import repo_root
+from .bench.rows import COLUMNS  # DESIGN §2 columns, in order
 # Flattened nested fields: column -> path inside the JSON row.
 _NESTED = {
     "check_status": ("check", "status"),

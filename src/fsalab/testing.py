@@ -1,10 +1,11 @@
-"""Helpers shared by the tests and the GPU correctness checks: random varlen batches,
+"""Helpers shared by the tests (CPU and GPU): random varlen batches and block indices,
 NaN poisoning, dtype-aware comparison against an fp32 reference, and kernel-launch counting."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -206,6 +207,102 @@ def attention_and_grads(fn, q, k, v, block_idx, cu_seqlens, block_size, do, dlse
     if dlse is not None:
         loss = loss + (lse * dlse.to(lse.dtype)).sum()
     return (o, lse, *torch.autograd.grad(loss, leaves))
+
+
+def check_attention(op, ref, tensors, dtype, seed, grads=True, atol_factor=2.0):
+    """Compare op(q, k, v) with ref(q, k, v) (fp32 reference, same extra args bound in both).
+
+    op returns o or (o, lse); ref returns (o, lse). tensors: (q, k, v) in any float dtype, cast to
+    dtype. The bound is atol_factor x PyTorch's own error in dtype (the reference run in native
+    precision). With grads, the loss is sum(o * do) + sum(lse * dlse) over finite lse entries.
+    """
+    from .ops import reference
+
+    leaves = [t.detach().to(dtype).requires_grad_(grads) for t in tensors]
+    exact = [t.detach().float().requires_grad_(grads) for t in leaves]
+    native = [t.detach().clone().requires_grad_(grads) for t in leaves]
+    out = op(*leaves)
+    o, lse = out if isinstance(out, tuple) else (out, None)
+    ro, rl = ref(*exact)
+    with reference.native_precision():
+        no, nl = ref(*native)
+    assert o.dtype == dtype and o.shape == ro.shape
+    assert_close(o, ro, no, dtype, atol_factor, name="o")
+    if lse is not None:
+        assert lse.dtype == torch.float32
+        assert_close(lse, rl, nl, dtype, atol_factor, name="lse")
+    if not grads:
+        return o, lse
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(o.shape, generator=gen).to(o.device)
+    dlse = torch.randn(o.shape[:2], generator=gen).to(o.device)
+
+    def loss(o_, lse_):
+        value = (o_.float() * do).sum()
+        if lse is not None:
+            value = value + (torch.where(torch.isfinite(lse_), lse_.float(), 0.0) * dlse).sum()
+        return value
+
+    for o_, lse_ in ((o, lse), (ro, rl), (no, nl)):
+        loss(o_, lse_).backward()
+    for name, a, e, n in zip(("dq", "dk", "dv"), leaves, exact, native):
+        # PyTorch leaves no gradient on zero-row k/v (a batch without compressed tokens).
+        e_grad, n_grad = (t.grad if t.grad is not None else torch.zeros_like(t) for t in (e, n))
+        assert_close(a.grad, e_grad, n_grad, dtype, atol_factor, name=name)
+    return o, lse
+
+
+def compressed_inputs(lengths, h, h_kv, d, cfg, seed, device="cpu"):
+    """q over raw tokens; k_cmp/v_cmp in the reference layout (total // s rows, zero padding rows)."""
+    from .varlen import compressed_capacity, compressed_cu_seqlens
+
+    batch = make_batch(lengths, h, h_kv, d, seed=seed, device=device)
+    cu_cmp = compressed_cu_seqlens(batch.cu_seqlens, cfg.kernel_size, cfg.kernel_stride)
+    rows = compressed_capacity(batch.total, cfg.kernel_stride)
+    gen = torch.Generator().manual_seed(seed + 1)
+    valid = (torch.arange(rows) < cu_cmp[-1].item())[:, None, None]
+    k_cmp = (torch.randn(rows, h_kv, d, generator=gen) * valid).to(device)
+    v_cmp = (torch.randn(rows, h_kv, d, generator=gen) * valid).to(device)
+    return batch, k_cmp, v_cmp, cu_cmp
+
+
+def selected_blocks(batch, cfg: NSAConfig, gen: torch.Generator) -> torch.Tensor:
+    """block_idx int32 [total, h_kv, topk] from NSA's compression + top-k path on ``batch`` (fp32 math)."""
+    from .ops import reference
+
+    q, k, v, cu = batch.q.detach().float(), batch.k.detach().float(), batch.v.detach().float(), batch.cu_seqlens
+    h_kv, d = k.shape[1], k.shape[2]
+    l = cfg.kernel_size
+    w_k = torch.randn(h_kv, l * d, d, generator=gen).to(k.device) / math.sqrt(l * d)
+    w_v = torch.randn(h_kv, l * d, d, generator=gen).to(k.device) / math.sqrt(l * d)
+    pe = torch.randn(h_kv, l, d, generator=gen).to(k.device) * 0.1
+    k_cmp, v_cmp, cu_cmp = reference.compress_kv(k, v, w_k, w_v, pe, cu, cfg)
+    _, lse_cmp = reference.compressed_attention(q, k_cmp, v_cmp, cu, cu_cmp, cfg)
+    return reference.select_blocks(q, k_cmp, lse_cmp, cu, cu_cmp, cfg)
+
+
+def random_block_idx(
+    cu_seqlens: torch.Tensor, h_kv: int, topk: int, block_size: int, gen: torch.Generator, p_drop: float = 0.3
+) -> torch.Tensor:
+    """Random valid block_idx: distinct causal blocks, ascending, -1 padded; each candidate kept w.p. 1 - p_drop.
+
+    Rows come out with anywhere from 0 to topk valid entries (empty selections included).
+    """
+    cu = cu_seqlens.cpu().long()
+    total = int(cu[-1])
+    lengths = (cu[1:] - cu[:-1]).tolist()
+    pos = torch.cat([torch.arange(n) for n in lengths]) if total else torch.zeros(0, dtype=torch.long)
+    num_blocks = max([-(-n // block_size) for n in lengths] + [topk])
+    own = (pos // block_size)[:, None, None]
+    blocks = torch.arange(num_blocks)
+    score = torch.rand(total, h_kv, num_blocks, generator=gen)
+    keep = (blocks <= own) & (torch.rand(total, h_kv, num_blocks, generator=gen) >= p_drop)
+    score = torch.where(keep, score, torch.full_like(score, -1.0))
+    top = torch.topk(score, topk, dim=-1)
+    chosen = torch.where(top.values >= 0, top.indices, torch.full_like(top.indices, num_blocks))
+    chosen = torch.sort(chosen, dim=-1).values
+    out = torch.where(chosen == num_blocks, torch.full_like(chosen, -1), chosen).to(torch.int32)
+    return out.to(cu_seqlens.device)
 
 
 def check_selected_attention(fn, batch: VarlenBatch, block_idx: torch.Tensor, block_size: int, with_dlse: bool = False) -> None:

@@ -23,14 +23,6 @@ from .ops import BoundOp
 _PER_TOKEN = {"q", "k", "v", "gate"}
 
 
-def with_leaves(inputs: Inputs, names: tuple[str, ...]) -> Inputs:
-    """A copy of ``inputs`` whose ``names`` tensors are fresh leaves requiring grad."""
-    tensors = dict(inputs.tensors)
-    for n in names:
-        tensors[n] = tensors[n].detach().clone().requires_grad_(True)
-    return replace(inputs, tensors=tensors)
-
-
 def _reference_run(bound: BoundOp, px: Inputs, aux, do: torch.Tensor | None, dtype: torch.dtype):
     """Reference output (and gradients of sum(o * do) when do is given) on inputs cast to dtype."""
     tensors = {n: t.detach().to(dtype) for n, t in px.tensors.items()}
@@ -50,7 +42,7 @@ def check(bound: BoundOp, inputs: Inputs, direction: str, max_tokens: int, facto
     status (pass | fail), tokens (m), per-output max_err and bound, message on failure."""
     m = min(inputs.max_seqlen, max_tokens)
     backward = direction != "fwd"
-    x = with_leaves(inputs, bound.grad_args if backward else ())
+    x = inputs.with_leaves(bound.grad_args if backward else ())
     if backward:
         o, aux = bound.fn(x)
         gen = torch.Generator(device=o.device).manual_seed(seed + 1)

@@ -31,8 +31,9 @@ import time
 
 import torch
 
-from .kernel import _base_row, _classify, _timed_callable
+from .ops import direction_callable
 from .provenance import detect_platform, provenance
+from .rows import classify, kernel_row
 
 RESULT_TAG = "FSALAB_COMPILE_RESULT "
 
@@ -53,7 +54,7 @@ def _target(p: dict, repeats: int) -> dict:
     os.environ["FSALAB_VALUE_CHECKS"] = "0"
     _sync(device)
     start = time.perf_counter()
-    fn = _timed_callable(bound, inputs, p["direction"], p["seed"])
+    fn = direction_callable(bound, inputs, p["direction"], p["seed"])
     fn()
     _sync(device)
     first = time.perf_counter() - start
@@ -80,7 +81,7 @@ def _child(p: dict, repeats: int, cache_dir: str) -> dict:
 def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
     """Cold and cached first calls of one point, each in its own process; always returns a row."""
     platform = platform or detect_platform()
-    row = _base_row(p, platform)
+    row = kernel_row(p, platform)
     repeats = exp.get("timing", {}).get("repeats", 3)
     started = time.time()
     try:
@@ -96,7 +97,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
                    timing={"method": "first_call", "repeats": repeats, "device": device.type},
                    check={"status": "skipped"}, status="ok")
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row
-        row["status"] = _classify(exc)
+        row["status"] = classify(exc)
         row["message"] = f"{type(exc).__name__}: {exc}"[:4000]
     row["elapsed_s"] = round(time.time() - started, 3)
     row["provenance"] = provenance()

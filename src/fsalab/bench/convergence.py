@@ -16,7 +16,7 @@ rank blocks for selection: selection has no gradient) never learn to find it; NS
 stay at chance while full attention learns. A run fills a compression window, and they learn.
 
 Model: the Llama architecture of ``fsalab.models.configs`` shrunk by ``model_overrides``
-(default 2 layers, hidden 256, 4 query / 2 KV heads of 64), with the same attention swap as
+(``points.CONVERGENCE_DEFAULTS``: 2 layers, hidden 256, 4 query / 2 KV heads of 64), with the same attention swap as
 the benchmarks. Parameters, gradients and AdamW state in ``dtype`` (bf16 by default, as the
 paper trains). One result row per impl (DESIGN §2 columns; op ``convergence``; median step
 time; the loss and accuracy curves under ``curve``, accuracy split into "far" queries, whose
@@ -32,37 +32,10 @@ import time
 import torch
 from torch import nn
 
-from .train import (
-    _DTYPES,
-    base_row,
-    build_patched_model,
-    fail_row,
-    release,
-    run_cli,
-)
-
-CONVERGENCE_DEFAULTS = {
-    "model": "llama3-8b",
-    "layers": 2,
-    "model_overrides": {
-        "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "vocab_size": 512, "bos_token_id": None, "eos_token_id": None,
-    },
-    "N": 4096,
-    "batch": 8,
-    "steps": 500,
-    "lr": 1e-3,
-    "warmup_steps": 30,
-    "grad_clip": 1.0,
-    "pairs": 8,
-    "queries": 256,
-    "num_keys": 8,
-    "num_values": 8,
-    "needle_span": 1,
-    "log_every": 5,
-    "checkpointing": False,
-    "split": False,
-}
+from .e2e_cli import run_cli
+from .model_build import build_patched_model, release
+from .points import CONVERGENCE_DEFAULTS, DTYPES
+from .rows import e2e_row, fail_row
 
 
 def retrieval_batch(p: dict, vocab: int, step: int, device: torch.device):
@@ -124,8 +97,8 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
     from .provenance import detect_platform, provenance
 
     platform = platform or detect_platform()
-    row = base_row(p, "convergence", "fwd+bwd", platform)
-    dtype = _DTYPES[p["dtype"]]
+    row = e2e_row(p, "convergence", "fwd+bwd", platform)
+    dtype = DTYPES[p["dtype"]]
     started = time.time()
     lm = opt = None
     try:

@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from .. import theory
-from .kernel import _base_row, _classify, _timed_callable
 from .provenance import detect_platform, provenance
+from .rows import fail_row, kernel_row
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 # Nsight Compute versions spell units either way ("nsecond" / "ns", "Kbyte" / "KB").
@@ -99,7 +99,7 @@ def _target(p: dict) -> None:
     inputs = make_inputs(p, device, need_indices=bound.need_indices)
     os.environ["FSALAB_VALUE_CHECKS"] = "0"
     # The direction's work alone: for bwd the forward runs (once) outside the profiled range.
-    fn = _timed_callable(bound, inputs, p["direction"], p["seed"])
+    fn = ops.direction_callable(bound, inputs, p["direction"], p["seed"])
     fn()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
@@ -111,7 +111,7 @@ def _target(p: dict) -> None:
 def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
     """Profile one point under ncu; always returns a row."""
     platform = platform or detect_platform()
-    row = _base_row(p, platform)
+    row = kernel_row(p, platform)
     started = time.time()
     try:
         ncu = find_ncu()
@@ -133,8 +133,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
                    timing={"method": "ncu", "clock_control": "none", "metrics": list(METRICS)},
                    check={"status": "skipped"}, status="ok")
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row
-        row["status"] = _classify(exc)
-        row["message"] = f"{type(exc).__name__}: {exc}"[:4000]
+        fail_row(row, exc)
     row["elapsed_s"] = round(time.time() - started, 3)
     row["provenance"] = provenance()
     return row

@@ -1,57 +1,42 @@
 """Experiment configs: load ``experiments/<name>.yaml``, validate it against
 ``workflow/schemas/experiment.schema.yaml`` (filling defaults), expand its grid into points.
 
-A point is a flat dict of parameters (op, impl, direction, N, batch, h_kv, g, d, block_size,
-topk, dtype, ...) plus its ``id``, a file-name-safe string that is stable across runs and
-unique within the experiment; results are written to ``results/<platform>/<experiment>/<id>.json``.
-An id is a readable prefix (op, impl, direction, shape, dtype, ...) and a short hash of every
-parameter (``point_hash``), so two configurations never share a result file and editing any
-parameter in a YAML gives new ids (Snakemake then re-measures those points).
-The Snakefile and the CLI both expand grids here, so they always agree on the point list.
-Misspelt parameters, axes, impl names, model names and experiment names are errors.
+Each point gets its parameters filled and its ``id`` (``fsalab.bench.points``); results are
+written to ``results/<platform>/<experiment>/<id>.json``, so editing any parameter in a YAML
+gives new ids (Snakemake then re-measures those points). The Snakefile and the CLI both expand
+grids here, so they always agree on the point list. Misspelt parameters, axes, impl names,
+model names and experiment names are errors.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
+import functools
 import itertools
-import json
-import os
-import re
 from pathlib import Path
 
 import jsonschema
 import yaml
 
 from .. import data
+from .points import E2E_OPS, E2E_RUNNERS, e2e_base, e2e_point_id, point_id
+from .repo import repo_root
 
 KERNEL_REQUIRED = ("op", "impl", "direction", "N", "g")
 THEORY_REQUIRED = ("N", "g", "cost_model")
 E2E_REQUIRED = ("op", "model", "impl", "N", "dtype")
-# End-to-end runners: op and default dtype of their points (their other defaults live in the
-# runner modules: fsalab.bench.train.DEFAULTS plus the runner's own).
-E2E_RUNNERS = {"train": ("train_step", "bfloat16"), "prefill": ("prefill", "float16"),
-               "convergence": ("convergence", "bfloat16")}
-E2E_OPS = {op: runner for runner, (op, _) in E2E_RUNNERS.items()}  # op of a row -> its runner
-# The checkout this package is installed from (editable install); results and configs live there.
-REPO_ROOT = Path(__file__).resolve().parents[3]
-_DTYPE_TAGS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-_DIRECTION_TAGS = {"fwd": "fwd", "bwd": "bwd", "fwd+bwd": "fwdbwd"}
-
-
-def repo_root() -> Path:
-    """``$FSALAB_ROOT``, else the checkout this package lives in, else the working directory."""
-    env = os.environ.get("FSALAB_ROOT")
-    if env:
-        return Path(env)
-    if (REPO_ROOT / "workflow" / "schemas").is_dir():
-        return REPO_ROOT
-    return Path.cwd()
 
 
 def load_schema(name: str) -> dict:
-    """``<name>.schema.yaml`` of the package data (``workflow/schemas/`` in a checkout) as a dict."""
+    """``<name>.schema.yaml`` of the package data (``workflow/schemas/`` in a checkout) as a dict
+    (a fresh copy: callers may change it)."""
+    return copy.deepcopy(_parsed_schema(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed_schema(name: str) -> dict:
+    # Parsed once per process: pyyaml takes ~25 ms per schema, and result files are checked
+    # against one row by row (fsalab.results reads thousands).
     with open(data.path("schemas", f"{name}.schema.yaml")) as fh:
         return yaml.safe_load(fh)
 
@@ -136,53 +121,6 @@ def load_smoke() -> dict:
         return validate(yaml.safe_load(fh), load_schema("smoke"), str(path))
 
 
-def _slug(value) -> str:
-    text = str(value).lower().replace("true", "1").replace("false", "0")
-    return re.sub(r"[^a-z0-9.]+", "", text)
-
-
-# Keys of a point that do not change what is measured: the id itself, the experiment (the
-# folder already names it) and the free-form series label.
-_UNMEASURED = ("id", "experiment", "label")
-
-
-def point_hash(p: dict) -> str:
-    """8 hex digits of the SHA-256 of every measured parameter of ``p`` (canonical JSON)."""
-    params = {k: v for k, v in p.items() if k not in _UNMEASURED}
-    text = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def point_id(p: dict) -> str:
-    """Stable, file-name-safe id: a readable prefix and ``point_hash``, e.g.
-    ``selected-fsa-fwd-N65536-b1-hkv4-g4-d128-B64-T16-bf16-1a2b3c4d``. Theory points (a model,
-    not a measurement; every parameter is in the prefix) have the prefix alone."""
-    if "cost_model" in p:
-        return f"{p['cost_model']}-N{p['N']}-hkv{p['h_kv']}-g{p['g']}-d{p['d']}-B{p['block_size']}-T{p['topk']}"
-    return f"{readable_id(p)}-{point_hash(p)}"
-
-
-def readable_id(p: dict) -> str:
-    """The readable part of a kernel point's id (op, impl, direction, shape, dtype, window, options)."""
-    parts = [
-        p["op"].replace("_", ""),
-        _slug(p["impl"]),
-        _DIRECTION_TAGS[p["direction"]],
-        f"N{p['N']}",
-        f"b{p['batch']}",
-        f"hkv{p['h_kv']}",
-        f"g{p['g']}",
-        f"d{p['d']}",
-        f"B{p['block_size']}",
-        f"T{p['topk']}",
-        _DTYPE_TAGS[p["dtype"]],
-    ]
-    if p.get("window_size", 512) != 512:
-        parts.append(f"w{p['window_size']}")
-    parts += [f"{_slug(k)}{_slug(v)}" for k, v in sorted(p.get("options", {}).items())]
-    return "-".join(parts)
-
-
 def _expand_subgrid(sub: dict) -> list[dict]:
     keys = list(sub)
     points = []
@@ -195,19 +133,6 @@ def _expand_subgrid(sub: dict) -> list[dict]:
                 point[key] = value
         points.append(point)
     return points
-
-
-def e2e_base(runner: str) -> dict:
-    """Point defaults of an end-to-end runner (train, prefill, convergence)."""
-    from . import train
-
-    op, dtype = E2E_RUNNERS[runner]
-    extra = {}
-    if runner == "prefill":
-        from .prefill import PREFILL_DEFAULTS as extra
-    elif runner == "convergence":
-        from .convergence import CONVERGENCE_DEFAULTS as extra
-    return {**copy.deepcopy(train.DEFAULTS), **copy.deepcopy(extra), "op": op, "dtype": dtype}
 
 
 def check_impl(p: dict, where: str) -> None:
@@ -234,9 +159,7 @@ def check_impl(p: dict, where: str) -> None:
 
 def _expand_e2e(exp: dict, base: dict | None = None) -> list[dict]:
     """Points of an end-to-end experiment: runner defaults <- ``base`` <- exp defaults <- each
-    sub-grid's values; ids from ``fsalab.bench.train.point_id`` (the runners' own)."""
-    from .train import point_id as e2e_point_id
-
+    sub-grid's values; ids from ``points.e2e_point_id``."""
     start = {**e2e_base(exp["runner"]), **copy.deepcopy(base or {})}
     schema = load_schema("experiment")
     params_schema = {"$defs": schema["$defs"], **schema["$defs"]["e2e_params"]}

@@ -17,8 +17,8 @@ import torch
 from ..config import NSAConfig
 from ..ops import reference
 from ..varlen import local_positions
+from .points import DTYPES, nsa_config
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 COMPRESSION_FUNCS = ("compress_kv", "compressed_attention", "select_blocks")
 
 
@@ -32,19 +32,6 @@ def compression_module():
     if all(hasattr(mod, f) for f in COMPRESSION_FUNCS):
         return mod, "fsalab.ops.compression"
     return reference, "fsalab.ops.reference"
-
-
-def nsa_config(p: dict) -> NSAConfig:
-    """NSAConfig of a point (kernel_size, kernel_stride, block_size, topk, init/local blocks, window)."""
-    return NSAConfig(
-        kernel_size=p["kernel_size"],
-        kernel_stride=p["kernel_stride"],
-        block_size=p["block_size"],
-        topk=p["topk"],
-        init_blocks=p["init_blocks"],
-        local_blocks=p["local_blocks"],
-        window_size=p["window_size"],
-    )
 
 
 @dataclass
@@ -78,6 +65,13 @@ class Inputs:
         tensors = {n: (t[:m] if n in per_token else t) for n, t in self.tensors.items()}
         cu = torch.tensor([0, m], dtype=torch.int32, device=self.device)
         return replace(self, tensors=tensors, block_idx=self.block_idx[:m], cu_seqlens=cu, max_seqlen=m)
+
+    def with_leaves(self, names: tuple[str, ...]) -> Inputs:
+        """A copy whose ``names`` tensors are fresh leaves requiring grad."""
+        tensors = dict(self.tensors)
+        for n in names:
+            tensors[n] = tensors[n].detach().clone().requires_grad_(True)
+        return replace(self, tensors=tensors)
 
 
 INPUT_KEYS = ("dtype", "kernel_size", "kernel_stride", "block_size", "topk", "init_blocks", "local_blocks",

@@ -27,9 +27,13 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ops import reference
+from ..ops.impls import COMPRESSION_IMPLS, GATE_IMPLS
 from .inputs import Inputs, compression_module
+from .rows import Unsupported
 
 OPS = ("selected", "compressed", "window", "full_attention", "nsa_attention")
+# The compression branch is timed per named kernel set; "auto" would only pick one by device.
+_COMPRESSED_IMPLS = tuple(i for i in COMPRESSION_IMPLS if i != "auto")
 # Gradients flow to these inputs (compression weights only where the op compresses).
 _GRAD_ARGS = {
     "selected": ("q", "k", "v"),
@@ -38,10 +42,6 @@ _GRAD_ARGS = {
     "full_attention": ("q", "k", "v"),
     "nsa_attention": ("q", "k", "v", "w_k", "w_v", "pe", "gate"),
 }
-
-
-class Unsupported(Exception):
-    """The requested op/impl is not available in this checkout or on this machine."""
 
 
 @dataclass
@@ -127,8 +127,8 @@ def _bind_selected(impl: str, options: dict) -> BoundOp:
 def _compression_impl(impl: str):
     if impl == "reference":
         return reference, "fsalab.ops.reference"
-    if impl != "triton":
-        raise Unsupported(f"compressed impl must be 'reference' or 'triton', got {impl!r}")
+    if impl not in _COMPRESSED_IMPLS:
+        raise Unsupported(f"compressed impl must be one of {_COMPRESSED_IMPLS}, got {impl!r}")
     mod, source = compression_module()
     if source != "fsalab.ops.compression":
         raise Unsupported("fsalab.ops.compression (the Triton compression kernels) is not available")
@@ -204,14 +204,17 @@ class NSAParts:
 def nsa_parts(impl: str, options: dict | None = None) -> NSAParts:
     """The branches of ``nsa_attention`` for ``impl``; ``Unsupported`` when one cannot run here.
 
-    ``options`` may hold gate_impl, as in the module: "triton" (ops.gate's fused kernel, the
-    kernel impls' default) or "reference" (torch's ops, the reference impl's default); the rest
-    goes to the selected-attention impl.
+    ``options`` may hold gate_impl, a name of ``ops.impls.GATE_IMPLS`` as in the module:
+    "triton" (ops.gate's fused kernel), "reference" (torch's ops) or "auto" (the default: the
+    reference for the reference impl, the kernel for the others); the rest goes to the
+    selected-attention impl.
     """
     options = dict(options or {})
-    gate = options.pop("gate_impl", "reference" if impl == "reference" else "triton")
-    if gate not in ("reference", "triton"):
-        raise Unsupported(f"nsa_attention's gate_impl must be 'reference' or 'triton', got {gate!r}")
+    gate = options.pop("gate_impl", "auto")
+    if gate not in GATE_IMPLS:
+        raise Unsupported(f"nsa_attention's gate_impl must be one of {GATE_IMPLS}, got {gate!r}")
+    if gate == "auto":
+        gate = "reference" if impl == "reference" else "triton"
     gated_sum = _import("fsalab.ops.gate", "gated_sum") if gate == "triton" else reference.gated_sum
     if impl == "reference":
         mod, win, sel = reference, _window_fn("reference"), _selected_fn("reference", {})
@@ -263,7 +266,7 @@ def known_impls(op: str) -> tuple[str, ...]:
 
     names = {
         "selected": tuple(selection.IMPLS),
-        "compressed": ("reference", "triton"),
+        "compressed": _COMPRESSED_IMPLS,
         "window": WINDOW_IMPLS,
         "full_attention": ("reference", *full.IMPLS),
         "nsa_attention": tuple(selection.IMPLS),
@@ -271,6 +274,29 @@ def known_impls(op: str) -> tuple[str, ...]:
     if op not in names:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     return names[op]
+
+
+def direction_callable(bound: BoundOp, inputs: Inputs, direction: str, seed: int) -> Callable[[], object]:
+    """A zero-argument callable that launches the work of ``direction`` (fwd, bwd, fwd+bwd) of
+    the bound op: fwd under no_grad; bwd the gradients of one recorded forward (upstream
+    gradient seeded by ``seed``); fwd+bwd a fresh forward and its gradients on every call."""
+    if direction == "fwd":
+
+        def fwd():
+            with torch.no_grad():
+                return bound.fn(inputs)[0]
+
+        return fwd
+    x = inputs.with_leaves(bound.grad_args)
+    leaves = [x.tensors[n] for n in bound.grad_args]
+    o = bound.fn(x)[0]
+    gen = torch.Generator(device=o.device).manual_seed(seed + 2)
+    do = torch.randn(o.shape, generator=gen, device=o.device, dtype=torch.float32).to(o.dtype)
+    if direction == "bwd":
+        graph_out = o
+        return lambda: torch.autograd.grad(graph_out, leaves, do, retain_graph=True, allow_unused=True)
+    del o  # fwd+bwd rebuilds the graph on every call; don't hold this one during timing
+    return lambda: torch.autograd.grad(bound.fn(x)[0], leaves, do, allow_unused=True)
 
 
 def useful_flops(op: str, keys: dict[str, float], d: int, cfg, h_kv: int, rows_cmp: float) -> float:

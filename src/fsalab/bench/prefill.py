@@ -13,7 +13,8 @@ With ``parallel: tp`` under torchrun the model is split over the ranks by tensor
 attention-module latency at that TP degree (Tables 12-13) and ``median_ms`` the end-to-end
 prefill (Tables 14-15).
 
-Points, rows, failures and the command line are shared with ``fsalab.bench.train``.
+Model build (``model_build``), the attention/MLP split (``layer_split``), rows and the command
+line (``e2e_cli``) are shared with the other end-to-end runners.
 """
 
 from __future__ import annotations
@@ -23,23 +24,13 @@ import time
 
 import torch
 
-from .train import (
-    _DTYPES,
-    base_row,
-    build_patched_model,
-    fail_row,
-    layer_part_times,
-    linear_params,
-    random_batch,
-    release,
-    run_cli,
-    split_columns,
-    timed_with_peak,
-    value_checks_off,
-)
-
-# Prefill defaults over the shared ones: the whole model, fp16.
-PREFILL_DEFAULTS = {"layers": None}
+from ..checks import value_checks_off
+from .e2e_cli import run_cli
+from .layer_split import layer_part_times, split_columns
+from .model_build import build_patched_model, linear_params, random_batch, release
+from .points import DTYPES, PREFILL_DEFAULTS
+from .rows import e2e_row, fail_row
+from .timing import timed_steps_with_peak
 
 
 def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
@@ -49,9 +40,9 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
     from .provenance import detect_platform, provenance
 
     platform = platform or detect_platform()
-    row = base_row(p, "prefill", "fwd", platform)
+    row = e2e_row(p, "prefill", "fwd", platform)
     timing = {"warmup": 2, "repeats": 5, **exp.get("timing", {})}
-    dtype = _DTYPES[p["dtype"]]
+    dtype = DTYPES[p["dtype"]]
     started = time.time()
     lm = None
     tensor_parallel = p.get("parallel", "none") == "tp"
@@ -72,7 +63,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
             last.append(logits)
 
         with value_checks_off():
-            t, peak = timed_with_peak(prefill, device, timing)
+            t, peak = timed_steps_with_peak(prefill, device, timing)
             finite = bool(torch.isfinite(last[-1]).all())
             last.clear()
             names = ("attention", "mlp", "layer") if p["split"] else ("layer",)

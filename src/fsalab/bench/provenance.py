@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from .grid import REPO_ROOT
+from .repo import REPO_ROOT
 
 # GPU name fragments -> platform name; the first match wins (order matters: "h200" before "h20").
 _GPU_PLATFORMS = (
@@ -31,7 +31,6 @@ _GPU_PLATFORMS = (
     ("l40", "l40"),
     ("4090", "rtx4090"),
 )
-
 
 
 def interpreter_active() -> bool:

@@ -140,6 +140,27 @@ def measure(
     return Timing([float(x) for x in samples], method, settings)
 
 
+def timed_steps(fn: Callable[[], object], device: torch.device, timing: dict) -> Timing:
+    """``measure`` with a fixed sample count, as the end-to-end runners time a step: CUDA events
+    on GPU, wall clock elsewhere (``timing``: an experiment's ``timing`` block; ``method``
+    auto/do_bench mean that choice; ``warmup`` default 2, ``repeats`` default 5)."""
+    method = timing.get("method", "auto")
+    if method in ("auto", "do_bench"):
+        method = "cuda_events" if device.type == "cuda" else "wallclock"
+    return measure(fn, device, method, warmup=timing.get("warmup", 2), repeats=timing.get("repeats", 5))
+
+
+def timed_steps_with_peak(fn: Callable[[], object], device: torch.device, timing: dict) -> tuple[Timing, float | None]:
+    """(``timed_steps`` of fn, peak GiB allocated while it ran: None off CUDA), the peak counted
+    from a synchronised, reset start so the numbers cover the timed calls only."""
+    if device.type != "cuda":
+        return timed_steps(fn, device, timing), None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    t = timed_steps(fn, device, timing)
+    return t, torch.cuda.max_memory_allocated(device) / 2**30
+
+
 def peak_memory(fn: Callable[[], object], device: torch.device) -> dict:
     """Peak memory of one call of ``fn`` on CUDA, in GiB.
 

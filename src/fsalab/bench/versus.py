@@ -31,17 +31,17 @@ from __future__ import annotations
 
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from ..checks import value_checks_off
 from . import grid, ops
-from .check import check, with_leaves
+from .check import check
 from .inputs import attended_keys, input_key, make_inputs
-from .kernel import _base_row, _classify, _value_checks_off, check_writable, result_path, write_row
 from .provenance import detect_platform, provenance
+from .rows import check_writable, fail_row, kernel_row, result_path, write_row
 from .timing import Rounds, Timing, capture_graph, interleaved, peak_memory
 
 BRANCHES = ("compression", "selection", "selected", "window", "gate")
@@ -67,13 +67,6 @@ def groups_of(points: list[dict], selected: list[dict] | None = None) -> list[li
     wanted = None if selected is None else {group_key(p) for p in selected}
     out = [g for k, g in by_key.items() if wanted is None or k in wanted]
     return sorted(out, key=lambda g: (g[0]["N"], g[0]["g"], g[0]["block_size"], g[0]["direction"]))
-
-
-def _fail(row: dict, exc: BaseException) -> None:
-    row["status"] = _classify(exc)
-    row["message"] = f"{type(exc).__name__}: {exc}"[:4000]
-    if row["status"] == "error":
-        row["traceback"] = "".join(traceback.format_exception(exc))[-4000:]
 
 
 def _directional(forward: Callable[[], torch.Tensor], leaves: list[torch.Tensor], do: torch.Tensor | None,
@@ -177,14 +170,14 @@ def run_group(points: list[dict], exp: dict, device: torch.device, platform: str
     timing_cfg, check_cfg = exp.get("timing", {}), exp.get("check", {})
     method, rounds, warmup = timing_cfg.get("method", "auto"), _rounds(timing_cfg), timing_cfg.get("warmup", 1)
     started = time.time()
-    rows = {p["id"]: _base_row(p, platform) for p in points}
+    rows = {p["id"]: kernel_row(p, platform) for p in points}
     p0 = points[0]
     try:
         _measure_group(points, rows, device, method, rounds, warmup, timing_cfg, check_cfg)
     except Exception as exc:  # noqa: BLE001 - inputs or shared setup failed: every row says so
         for row in rows.values():
             if row["status"] is None:
-                _fail(row, exc)
+                fail_row(row, exc)
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -201,7 +194,7 @@ def _measure_group(points, rows, device, method, rounds, warmup, timing_cfg, che
     keys = attended_keys(inputs)
     rows_cmp = p0["batch"] * inputs.cfg.num_compressed(p0["N"])
     # One set of leaves (every input tensor) and one upstream gradient for every callable.
-    x = with_leaves(inputs, tuple(inputs.tensors)) if direction != "fwd" else inputs
+    x = inputs.with_leaves(tuple(inputs.tensors)) if direction != "fwd" else inputs
     do = None
     if direction != "fwd":
         gen = torch.Generator(device=device).manual_seed(p0["seed"] + 2)
@@ -226,7 +219,7 @@ def _measure_group(points, rows, device, method, rounds, warmup, timing_cfg, che
             if p["op"] == "nsa_attention":
                 parts[p["impl"]] = ops.nsa_parts(p["impl"], p.get("options"))
         except Exception as exc:  # noqa: BLE001 - this contender's row records it; the others go on
-            _fail(row, exc)
+            fail_row(row, exc)
     branches: dict[str, Callable[[], object]] = {}
     split_error = None
     if parts and timing_cfg.get("split", True):
@@ -234,13 +227,13 @@ def _measure_group(points, rows, device, method, rounds, warmup, timing_cfg, che
             branches = _branch_callables(parts, x, x.tensors, do, direction)
         except Exception as exc:  # noqa: BLE001
             split_error = f"{type(exc).__name__}: {exc}"[:2000]
-    with _value_checks_off():
+    with value_checks_off():
         timed = interleaved({**contenders, **{f"split:{k}": f for k, f in branches.items()}}, device, method,
                             rounds, warmup)
         for pid, fn in contenders.items():
             row, t = rows[pid], timed[pid]
             if isinstance(t, BaseException):
-                _fail(row, t)
+                fail_row(row, t)
                 continue
             row.update(t.summary())
             row["samples_ms"] = t.samples_ms
@@ -249,7 +242,7 @@ def _measure_group(points, rows, device, method, rounds, warmup, timing_cfg, che
             try:
                 row.update(peak_memory(fn, device) if timing_cfg.get("memory", True) else {})
             except Exception as exc:  # noqa: BLE001 - e.g. an OOM of the extra call: the row says so
-                _fail(row, exc)
+                fail_row(row, exc)
                 continue
             if row["check"]["status"] == "fail":
                 row["status"], row["message"] = "error", "correctness check failed: " + row["check"].get("message", "")

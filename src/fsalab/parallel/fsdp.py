@@ -4,7 +4,7 @@
 CUDA, gloo on CPU) and returns this rank's device; ``shard_causal_lm(root)`` applies
 ``fully_shard`` to every decoder layer and then to the root module (embedding, final norm and
 LM head stay in the root's group), the layout FSDP2's documentation recommends. Build the
-model on the meta device, shard, then ``to_empty`` + init (``fsalab.bench.train``): each rank
+model on the meta device, shard, then ``to_empty`` + init (``fsalab.bench.model_build``): each rank
 only ever allocates its shards.
 
 Launch, e.g. 8 GPUs, full depth:

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU test suite (pytest -m gpu) in one device call, inside 10 minutes on one H200: the test
+# files with GPU tests are dealt into CHUNKS groups (heaviest first) that run side by side on
+# the one GPU (most of the time is Triton compilation, which is host-bound), with
+# FSALAB_AUTOTUNE=0 (each kernel's first config that survives pruning, no autotune timing).
+# Each chunk's log goes to $OUT/pytest-gpu-<i>.log; prints every chunk's summary line; exits 1
+# when any chunk fails.
+#   source scripts/gpu/setup_site.sh && bash scripts/gpu/run_gpu_tests.sh [CHUNKS] [PYTEST ARGS...]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+chunks=${1:-4}
+shift $(( $# > 0 ? 1 : 0 ))
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" FSALAB_AUTOTUNE=0
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+# The heaviest files first (most kernel variants to compile), one per chunk in turn; then the rest.
+heavy=(tests/test_gpu_selection.py tests/test_gpu_flash.py tests/test_gpu_runners.py tests/test_selection_fsa.py
+       tests/test_selection_nsa.py tests/test_gpu_compression.py)
+mapfile -t rest < <(grep -l "mark.gpu" tests/test_*.py | grep -vxF -f <(printf '%s\n' "${heavy[@]}") | xargs ls -S)
+files=("${heavy[@]}" "${rest[@]}")
+start=$(date +%s)
+pids=()
+for ((i = 0; i < chunks; i++)); do
+  mine=()
+  for ((j = i; j < ${#files[@]}; j += chunks)); do mine+=("${files[j]}"); done
+  [[ ${#mine[@]} -eq 0 ]] && continue
+  echo "chunk $i: ${mine[*]}"
+  python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs "$@" "${mine[@]}" > "$OUT/pytest-gpu-$i.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+for log in "$OUT"/pytest-gpu-*.log; do echo "--- $log"; tail -n 15 "$log"; done
+echo "all chunks: $(( $(date +%s) - start )) s, status $status"
+exit $status

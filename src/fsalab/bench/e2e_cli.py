@@ -1,0 +1,118 @@
+"""The command line of the end-to-end runners (``fsalab bench-train``, ``bench-prefill``,
+``convergence``): points from an experiment or one ad-hoc point from flags, run, rows written.
+
+A runner's ``main`` calls ``run_cli`` with its ``run_point``; this module imports no runner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from .grid import expand, load_experiment
+from .points import DTYPES, E2E_DEFAULTS, e2e_point_id
+from .repo import repo_root
+from .rows import check_writable, result_path, run_safely, write_row
+
+
+def add_point_args(ap: argparse.ArgumentParser) -> None:
+    """Flags shared by the end-to-end runners (experiment points or one ad-hoc point)."""
+    ap.add_argument("--experiment", help="experiments/<name>.yaml (or a path)")
+    ap.add_argument("--point", help="a point id of the experiment")
+    ap.add_argument("--all", action="store_true", help="every point of the experiment, in this process")
+    ap.add_argument("--list", action="store_true", help="print the experiment's point ids")
+    ap.add_argument("--filter", default=".", help="with --all: only point ids matching this regular expression")
+    ap.add_argument("--smoke", action="store_true", help="the experiment's tiny entry in experiments/smoke.yaml")
+    ap.add_argument("--skip-existing", action="store_true")
+    ap.add_argument("--results-dir", default=None, help="default: <repo>/results")
+    ap.add_argument("--platform", default=None, help="default: detected (h200, cpu-interpret, ...)")
+    ap.add_argument("--out", help="ad-hoc point: write the row here (default: print it)")
+    ap.add_argument("--force", action="store_true",
+                    help="write even into another machine's results folder or over its row (importing copies)")
+    for flag, kind in (("model", str), ("impl", str), ("N", int), ("batch", int), ("layers", int),
+                       ("block-size", int), ("topk", int), ("window-size", int),
+                       ("seed", int), ("loss-chunk", int), ("parallel", str)):
+        ap.add_argument(f"--{flag}", type=kind, default=None)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default=None)
+    ap.add_argument("--model-overrides", type=yaml.safe_load, default=None,
+                    help="YAML/JSON mapping of config fields to replace (tiny test models)")
+    ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=None)
+
+
+def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = None) -> int:
+    """Resolve points from an experiment or from flags, run them with ``runner(p, exp, device,
+    platform) -> row``, write the rows.
+
+    Exit status 0 once every point has its row on disk, failed points included (a failed point
+    is a row: a non-zero status would make Snakemake delete the job's files, the good ones with
+    it); an ad-hoc point printed instead of written exits 1 when it failed with ``error``."""
+    from ..parallel import fsdp
+
+    doc = sys.modules[runner.__module__].__doc__ or ""
+    ap = argparse.ArgumentParser(prog=f"fsalab bench-{op.split('_')[0]}", description=doc.split("\n\n")[0])
+    add_point_args(ap)
+    args = ap.parse_args(argv)
+    device = fsdp.setup_device()  # first: selects the Triton interpreter before triton is imported
+    from .provenance import detect_platform
+
+    exp = load_experiment(args.experiment, args.smoke) if args.experiment else {"experiment": op, "runner": {"train_step": "train"}.get(op, op), "grid": []}
+    base = {**(defaults or {}), "op": op, "dtype": default_dtype}
+    if args.list:
+        for p in expand(exp, base):
+            print(p["id"])
+        return 0
+    if args.warmup is not None or args.repeats is not None:
+        exp["timing"] = {**exp.get("timing", {}), **{k: v for k, v in
+                                                     (("warmup", args.warmup), ("repeats", args.repeats)) if v is not None}}
+    if args.point or args.all:
+        if not args.experiment:
+            ap.error("--point/--all need --experiment")
+        points = expand(exp, base)
+        if args.all:
+            points = [p for p in points if re.search(args.filter, p["id"])]
+        if args.point:
+            points = [p for p in points if p["id"] == args.point]
+            if not points:
+                ap.error(f"experiment {exp['experiment']!r} has no point {args.point!r}")
+    else:
+        flags = {k: getattr(args, k.replace("-", "_")) for k in
+                 ("model", "impl", "N", "batch", "layers", "block_size", "topk", "window_size", "dtype", "seed",
+                  "loss_chunk", "parallel", "model_overrides")}
+        p = {**copy.deepcopy(E2E_DEFAULTS), **base, **exp.get("defaults", {})}
+        p.update({k: v for k, v in flags.items() if v is not None})
+        missing = [k for k in ("model", "impl", "N") if p.get(k) is None]
+        if missing:
+            ap.error(f"an ad-hoc point needs --{' --'.join(missing)} (or --experiment with --point/--all)")
+        p["experiment"], p["id"] = exp["experiment"], e2e_point_id(p)
+        points = [p]
+    platform = args.platform or detect_platform()
+    results = Path(args.results_dir) if args.results_dir else repo_root() / "results"
+    writes = bool(args.out or args.point or args.all)
+    paths = [Path(args.out) if args.out else result_path(results, platform, p["experiment"], p["id"]) for p in points]
+    for path in paths if writes else []:  # refuse before measuring anything (another machine's folder)
+        if not (args.skip_existing and path.exists()):
+            check_writable(path, platform, args.force)
+    status = 0
+    for i, (p, path) in enumerate(zip(points, paths), 1):
+        if args.skip_existing and path.exists():
+            continue
+        row = run_safely(runner, p, exp, device, platform)
+        if fsdp.rank() == 0:
+            if writes:
+                write_row(row, path, args.force)
+            lat = f"{row['median_ms']:.1f} ms" if row.get("median_ms") is not None else row["message"][:120]
+            print(f"[{i}/{len(points)}] {p['id']}: {row['status']} {lat}", file=sys.stderr, flush=True)
+            if not writes:
+                print(json.dumps({k: v for k, v in row.items() if k not in ("provenance", "samples_ms")}, indent=1,
+                                 default=str))
+        if not writes:
+            status = status or (row["status"] not in ("ok", "oom", "unsupported"))
+    fsdp.teardown()
+    return int(status)

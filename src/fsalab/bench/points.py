@@ -1,0 +1,167 @@
+"""Points: the parameters of one measurement, their defaults, and their stable ids.
+
+A point is a flat dict of parameters (op, impl, direction, N, batch, h_kv, g, d, block_size,
+topk, dtype, ...) plus its ``id``, a file-name-safe string that is stable across runs and
+unique within the experiment. An id is a readable prefix (op, impl, direction or model, shape,
+dtype, ...) and a short hash of every parameter (``point_hash``), so two configurations never
+share a result file and editing any parameter in a YAML gives new ids.
+
+Kernel points take their ids from ``point_id``, end-to-end points (train, prefill,
+convergence) from ``e2e_point_id``; ``e2e_base`` gives an end-to-end runner's defaults.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+
+import torch
+
+from ..config import NSAConfig
+
+# Dtype names of points and result rows -> torch dtypes, and their tag in a point id.
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+DTYPE_TAGS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+_DIRECTION_TAGS = {"fwd": "fwd", "bwd": "bwd", "fwd+bwd": "fwdbwd"}
+
+# End-to-end points: parameters and their defaults (an experiment's `defaults` and grid values
+# override them), shared by the train, prefill and convergence runners.
+E2E_DEFAULTS = {
+    "batch": 1,
+    "layers": 2,
+    "block_size": 64,
+    "topk": 16,
+    "kernel_size": 32,
+    "kernel_stride": 16,
+    "init_blocks": 1,
+    "local_blocks": 2,
+    "window_size": 512,
+    "compression_impl": "auto",
+    "window_impl": "auto",
+    "gate_impl": "auto",
+    "checkpointing": True,
+    "loss_chunk": 4096,
+    "split": True,
+    "seed": 0,
+    "parallel": "none",
+    "model_overrides": {},
+}
+# Prefill over the shared defaults: the whole model.
+PREFILL_DEFAULTS = {"layers": None}
+# Convergence (``fsalab.bench.convergence``): a shrunk Llama trained on the retrieval task.
+CONVERGENCE_DEFAULTS = {
+    "model": "llama3-8b",
+    "layers": 2,
+    "model_overrides": {
+        "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512, "bos_token_id": None, "eos_token_id": None,
+    },
+    "N": 4096,
+    "batch": 8,
+    "steps": 500,
+    "lr": 1e-3,
+    "warmup_steps": 30,
+    "grad_clip": 1.0,
+    "pairs": 8,
+    "queries": 256,
+    "num_keys": 8,
+    "num_values": 8,
+    "needle_span": 1,
+    "log_every": 5,
+    "checkpointing": False,
+    "split": False,
+}
+# End-to-end runners: op, default dtype and defaults over E2E_DEFAULTS of their points.
+E2E_RUNNERS = {"train": ("train_step", "bfloat16", {}), "prefill": ("prefill", "float16", PREFILL_DEFAULTS),
+               "convergence": ("convergence", "bfloat16", CONVERGENCE_DEFAULTS)}
+E2E_OPS = {op: runner for runner, (op, _, _) in E2E_RUNNERS.items()}  # op of a row -> its runner
+# NSA branches whose op is chosen by name, and their tag in an end-to-end id when not "auto".
+_BRANCH_TAGS = (("compression_impl", "cmp"), ("window_impl", "win"), ("gate_impl", "gate"))
+# Keys of a point that do not change what is measured: the id itself, the experiment (the
+# folder already names it) and the free-form series label.
+_UNMEASURED = ("id", "experiment", "label")
+
+
+def e2e_base(runner: str) -> dict:
+    """Point defaults of an end-to-end runner (train, prefill, convergence), op and dtype set."""
+    op, dtype, extra = E2E_RUNNERS[runner]
+    return {**copy.deepcopy(E2E_DEFAULTS), **copy.deepcopy(extra), "op": op, "dtype": dtype}
+
+
+def nsa_config(p: dict) -> NSAConfig:
+    """NSAConfig of a point (kernel_size, kernel_stride, block_size, topk, init/local blocks, window)."""
+    return NSAConfig(
+        kernel_size=p["kernel_size"], kernel_stride=p["kernel_stride"], block_size=p["block_size"],
+        topk=p["topk"], init_blocks=p["init_blocks"], local_blocks=p["local_blocks"], window_size=p["window_size"],
+    )
+
+
+def point_hash(p: dict) -> str:
+    """8 hex digits of the SHA-256 of every measured parameter of ``p`` (canonical JSON)."""
+    params = {k: v for k, v in p.items() if k not in _UNMEASURED}
+    text = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _slug(value) -> str:
+    text = str(value).lower().replace("true", "1").replace("false", "0")
+    return re.sub(r"[^a-z0-9.]+", "", text)
+
+
+def point_id(p: dict) -> str:
+    """A kernel point's id: a readable prefix and ``point_hash``, e.g.
+    ``selected-fsa-fwd-N65536-b1-hkv4-g4-d128-B64-T16-bf16-1a2b3c4d``. Theory points (a model,
+    not a measurement; every parameter is in the prefix) have the prefix alone."""
+    if "cost_model" in p:
+        return f"{p['cost_model']}-N{p['N']}-hkv{p['h_kv']}-g{p['g']}-d{p['d']}-B{p['block_size']}-T{p['topk']}"
+    return f"{readable_id(p)}-{point_hash(p)}"
+
+
+def readable_id(p: dict) -> str:
+    """The readable part of a kernel point's id (op, impl, direction, shape, dtype, window, options)."""
+    parts = [
+        p["op"].replace("_", ""),
+        _slug(p["impl"]),
+        _DIRECTION_TAGS[p["direction"]],
+        f"N{p['N']}",
+        f"b{p['batch']}",
+        f"hkv{p['h_kv']}",
+        f"g{p['g']}",
+        f"d{p['d']}",
+        f"B{p['block_size']}",
+        f"T{p['topk']}",
+        DTYPE_TAGS[p["dtype"]],
+    ]
+    if p.get("window_size", 512) != 512:
+        parts.append(f"w{p['window_size']}")
+    parts += [f"{_slug(k)}{_slug(v)}" for k, v in sorted(p.get("options", {}).items())]
+    return "-".join(parts)
+
+
+def e2e_point_id(p: dict) -> str:
+    """An end-to-end point's id: a readable prefix and ``point_hash`` of every parameter, e.g.
+    ``trainstep-llama3-8b-fsa-N65536-b1-L2-B64-T16-bf16-1a2b3c4d``. The prefix of parallel
+    runs ends with the mode and rank count (``-fsdp8``), of convergence runs with their step
+    count (``-S500``, after ``-span32`` when needles are runs of 32 tokens); a compression,
+    window or gate branch other than ``auto`` adds ``-cmp<impl>`` / ``-win<impl>`` / ``-gate<impl>``."""
+    layers = "full" if p.get("layers") in (None, 0) else p["layers"]
+    parts = [p["op"].replace("_", ""), p["model"], p["impl"], f"N{p['N']}", f"b{p['batch']}", f"L{layers}",
+             f"B{p['block_size']}", f"T{p['topk']}", DTYPE_TAGS[p["dtype"]]]
+    if p.get("window_size", 512) != 512:
+        parts.append(f"w{p['window_size']}")
+    for key, tag in _BRANCH_TAGS:
+        if p.get(key, "auto") != "auto":
+            parts.append(f"{tag}{p[key]}")
+    if p.get("parallel", "none") != "none":
+        # The rank count comes from the launcher (torchrun sets WORLD_SIZE before Python starts),
+        # so TP = 2 and TP = 8 runs on one host write different results.
+        parts.append(f"{p['parallel']}{os.environ.get('WORLD_SIZE', '1')}")
+    if p["op"] == "convergence":  # a longer run of the same model is a different result
+        if p.get("needle_span", 1) != 1:  # a different task (bench.convergence.retrieval_batch)
+            parts.append(f"span{p['needle_span']}")
+        parts.append(f"S{p['steps']}")
+    parts.append(point_hash(p))
+    return "-".join(re.sub(r"[^A-Za-z0-9.\-]+", "", str(x)) for x in parts)

@@ -214,7 +214,7 @@ class NativeSparseAttention(nn.Module):
     def new_cache(self, batch: int, capacity: int, device: torch.device | str | None = None) -> NSADecodeCache:
         """An empty decode cache for ``batch`` sequences of up to ``capacity`` tokens, in the
         module's dtype and device; fill it with ``forward(x, cu_seqlens, cache=cache)``."""
-        weight = self.q_proj.weight
+        weight = self.gate_proj.weight  # q_proj may be wrapped (Qwen3's QK-norm in the model swap)
         return NSADecodeCache.allocate(batch, capacity, self.num_kv_heads, self.head_dim, self.cfg, weight.dtype,
                                        device if device is not None else weight.device)
 

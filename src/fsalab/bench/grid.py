@@ -268,6 +268,10 @@ def expand(exp: dict, base: dict | None = None) -> list[dict]:
     """
     if exp["runner"] in E2E_RUNNERS:
         return _expand_e2e(exp, base)
+    if exp["runner"] == "decode":  # its own parameters (fsalab.bench.decode.DEFAULTS)
+        from .decode import expand_points
+
+        return expand_points(exp)
     schema = load_schema("experiment")
     params_schema = {"$defs": schema["$defs"], **schema["$defs"]["params"]}
     required = THEORY_REQUIRED if exp["runner"] == "theory" else KERNEL_REQUIRED

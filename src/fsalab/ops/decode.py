@@ -22,8 +22,8 @@ whatever the lengths, which live on device: CUDA-graph capturable, no host sync)
 
 Extra memory of a step beyond the cache: the partials, fp32 [batch, h, S_c + T + S_w, d + 1],
 the score keys int64 [batch, h_kv, S_s, T_P] and block_idx: O(batch · h · d) for the fixed
-split counts (``decode_splits``: at most 64 + T + 8 partials per head, ~2.4 MiB at batch 1,
-64 heads, d = 128). Nothing grows with the context length.
+split counts (``decode_splits``: at most 64 + T + 8 partials per head, 2.8 MiB at batch 1,
+64 heads, d = 128, T = 16). Nothing grows with the context length.
 """
 
 from __future__ import annotations

@@ -232,3 +232,21 @@ def test_cache_memory_and_layout():
     assert cache.capacity == 64 and cache.batch == 3 and not cache.filled
     with pytest.raises(ValueError, match="capacity"):
         NSADecodeCache.allocate(1, 0, 2, 8, cfg, torch.float16, "cpu")
+
+
+def test_step_launches(monkeypatch):
+    """The attention of a step is five launches (DESIGN §9), the compression step one; no aten op
+    between them (launch-bound at short contexts: each costs the host ~µs to enqueue)."""
+    from fsalab.testing import LaunchCounter
+
+    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+    module = _module(TINY, 4, 2, 8, torch.float16, "triton")
+    cache, gen = _random_cache(TINY, [13, 40], 2, 8, torch.float16, capacity=48, seed=0)
+    q, gates = torch.randn(2, 4, 8, generator=gen).half(), torch.randn(2, 4, 3, generator=gen).half()
+    with LaunchCounter() as attention:
+        decode.nsa_decode(q, cache, gates)
+    with LaunchCounter() as compression:
+        decode.compress_step(cache, module.compress_k, module.compress_v, module.compress_pe)
+    kernels = ("_cmp_partial_kernel", "_score_kernel", "_topk_kernel", "_sw_partial_kernel", "_combine_kernel")
+    assert dict(attention.counts) == {f"triton:{k}": 1 for k in kernels}
+    assert dict(compression.counts) == {"triton:_compress_step_kernel": 1}

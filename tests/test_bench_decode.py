@@ -17,6 +17,7 @@ def test_published_grids_expand():
     table10 = grid.expand(grid.load_experiment("decode"))
     assert {p["N"] for p in table10 if p["batch"] == 1} == {32768, 65536, 131072, 262144}
     assert {p["batch"] for p in table10 if p["N"] == 65536} == {1, 8, 32}
+    assert {p["g"] for p in table10 if p["batch"] == 1} == {1, 4}
     assert all(p["h_kv"] * p["g"] == 64 and p["d"] == 128 and p["steps"] >= 1024 for p in table10)
     tables89 = grid.expand(grid.load_experiment("inference"))
     assert {(p["g"], p["h_kv"]) for p in tables89} == {(1, 64), (2, 32), (4, 16), (8, 8)}

@@ -256,7 +256,11 @@ def _check_step(p: dict, step, cache) -> dict:
         return {"status": "pass", "what": "finite output"}
     q, gates = step.inputs
     _, idx = step.ops.nsa_decode(q, cache, gates)
-    expected, expected_idx = decode_reference.nsa_decode(q, cache, gates)
+    try:
+        expected, expected_idx = decode_reference.nsa_decode(q, cache, gates)
+    except torch.OutOfMemoryError:  # the dense reference needs ~4x the cache in fp32
+        torch.cuda.empty_cache()
+        return {"status": "skipped", "what": "finite output; the fp32 reference step did not fit in memory"}
     agree = float((idx == expected_idx).all(-1).float().mean())
     try:
         assert_close(out.float(), expected.float(), dtype=out.dtype)

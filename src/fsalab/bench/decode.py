@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import functools
 import time
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -411,6 +412,8 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
     except Exception as exc:  # noqa: BLE001 - every failure of a point becomes a row
         row["status"] = _classify(exc)
         row["message"] = f"{type(exc).__name__}: {exc}"[:4000]
+        if row["status"] == "error":
+            row["traceback"] = traceback.format_exc()[-4000:]
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()

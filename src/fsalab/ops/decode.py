@@ -142,6 +142,22 @@ def _store_partial(o_ptr, lse_ptr, acc, m, l, part, dd, g_ok, d_ok, HEAD_DIM: tl
 
 
 @triton.jit
+def _range_partial(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, kvh, sp, lo, hi, s_qb, s_qh, s_kb, s_kt, s_kh,
+                   n_heads, n_parts, qk_scale, G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Partial sp (of n_parts per head) of the g query heads of (sequence b, KV head kvh): attention
+    over keys [lo, hi) at k_ptr + b * s_kb + t * s_kt + kvh * s_kh (values alike)."""
+    dd = tl.arange(0, D_PAD)
+    d_ok = dd < HEAD_DIM
+    q, gg, g_ok = _group_q(q_ptr, b, kvh, s_qb, s_qh, G, G_PAD, dd, d_ok)
+    base = b.to(tl.int64) * s_kb + kvh * s_kh
+    acc, m, l = _attend_range(q, k_ptr + base, v_ptr + base, s_kt, lo, hi, qk_scale, dd, d_ok,
+                              G_PAD, D_PAD, BLOCK_N, DOT_PREC)
+    part = (b * n_heads + kvh * G + gg) * n_parts + sp
+    _store_partial(o_ptr, lse_ptr, acc, m, l, part, dd, g_ok, d_ok, HEAD_DIM)
+
+
+@triton.jit
 def _n_cmp(n, L: tl.constexpr, S: tl.constexpr):
     """Compressed tokens of a sequence of n tokens: floor((n - l) / s) + 1, 0 when n < l."""
     return tl.where(n >= L, (tl.maximum(n, L) - L) // S + 1, 0)
@@ -209,14 +225,8 @@ def _cmp_partial_kernel(
     chunk = tl.cdiv(n_cmp, n_splits)
     lo = sp * chunk
     hi = tl.minimum(lo + chunk, n_cmp)
-    dd = tl.arange(0, D_PAD)
-    d_ok = dd < HEAD_DIM
-    q, gg, g_ok = _group_q(q_ptr, b, kvh, s_qb, s_qh, G, G_PAD, dd, d_ok)
-    base = b.to(tl.int64) * s_cb + kvh * s_ch
-    acc, m, l = _attend_range(q, kc_ptr + base, vc_ptr + base, s_ct, lo, hi, qk_scale, dd, d_ok,
-                              G_PAD, D_PAD, BLOCK_N, DOT_PREC)
-    part = (b * n_heads + kvh * G + gg) * n_splits + sp
-    _store_partial(o_ptr, lse_ptr, acc, m, l, part, dd, g_ok, d_ok, HEAD_DIM)
+    _range_partial(q_ptr, kc_ptr, vc_ptr, o_ptr, lse_ptr, b, kvh, sp, lo, hi, s_qb, s_qh, s_cb, s_ct, s_ch,
+                   n_heads, n_splits, qk_scale, G, G_PAD, HEAD_DIM, D_PAD, BLOCK_N, DOT_PREC)
 
 
 @triton.jit
@@ -323,14 +333,8 @@ def _sw_partial_kernel(
     is_sel = sp < TOPK
     lo = tl.where(is_sel, sel_lo, win_lo)
     hi = tl.where(is_sel, sel_hi, win_hi)
-    dd = tl.arange(0, D_PAD)
-    d_ok = dd < HEAD_DIM
-    q, gg, g_ok = _group_q(q_ptr, b, kvh, s_qb, s_qh, G, G_PAD, dd, d_ok)
-    base = b.to(tl.int64) * s_kb + kvh * s_kh
-    acc, m, l = _attend_range(q, k_ptr + base, v_ptr + base, s_kt, lo, hi, qk_scale, dd, d_ok,
-                              G_PAD, D_PAD, BLOCK_N, DOT_PREC)
-    part = (b * n_heads + kvh * G + gg) * (TOPK + n_splits_w) + sp
-    _store_partial(o_ptr, lse_ptr, acc, m, l, part, dd, g_ok, d_ok, HEAD_DIM)
+    _range_partial(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, kvh, sp, lo, hi, s_qb, s_qh, s_kb, s_kt, s_kh,
+                   n_heads, TOPK + n_splits_w, qk_scale, G, G_PAD, HEAD_DIM, D_PAD, BLOCK_N, DOT_PREC)
 
 
 @triton.jit

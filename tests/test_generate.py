@@ -57,7 +57,7 @@ def test_generate_errors():
         generate(model, ids, 6, capacity=10)
     from transformers import DynamicCache
 
-    with pytest.raises(ValueError, match="keeps its own cache"):
+    with pytest.raises(ValueError, match="keeps its own KV cache"):
         model(ids, **{cache_kwarg(model): DynamicCache()})
     with pytest.raises(ValueError, match="capacity"):
         NSAModelCache(model, 0)

@@ -184,7 +184,7 @@ class NSAAttentionAdapter(nn.Module):
     ) -> tuple[torch.Tensor, None]:
         hf_cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if hf_cache is not None and not isinstance(hf_cache, NSAModelCache):
-            raise ValueError(f"the NSA adapter keeps its own cache: pass past_key_values=fsalab.models.NSAModelCache"
+            raise ValueError(f"the NSA adapter keeps its own KV cache: pass past_key_values=fsalab.models.cache.NSAModelCache"
                              f"(model, capacity) or use_cache=False, got {type(hf_cache).__name__}")
         if attention_mask is not None:
             raise ValueError(

@@ -33,6 +33,7 @@ def test_config_errors(bad, match):
         grid.expand(exp)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter")
 def test_smoke_rows(tmp_path):
     """Every smoke point of the three experiments gives a schema-valid row: ok and checked for the
     NSA step (Triton and reference), SDPA and the ops inference / generate; unsupported for the

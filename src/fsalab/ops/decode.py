@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import KERNEL_DTYPES, MAX_GROUP, check_tensor
+from ..checks import KERNEL_DTYPES, MAX_GROUP, check_kernel_call, check_tensor
 from .block_select import _KEY_NONE, _merge_topk
 from .decode_cache import NSADecodeCache
 from ._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, dot_precision, next_pow2
@@ -381,6 +381,7 @@ def compress_step(
     completes a compressed token (the other rows are unwritten: the cache sends them to its
     scratch row). w_k, w_v [h_kv, l*d, d]; pe [h_kv, l, d]."""
     cfg, d, h_kv = cache.cfg, cache.head_dim, cache.num_kv_heads
+    check_kernel_call(cache.device, cfg.block_size, "the decode kernels")
     l = cfg.kernel_size
     for name, t, shape in (("w_k", w_k, (h_kv, l * d, d)), ("w_v", w_v, (h_kv, l * d, d)), ("pe", pe, (h_kv, l, d))):
         check_tensor(name, t, 3, KERNEL_DTYPES, cache.device)
@@ -416,6 +417,7 @@ def nsa_decode(
     ``decode_splits`` (tests). Semantics: ``decode_reference.nsa_decode``.
     """
     cfg = cache.cfg
+    check_kernel_call(cache.device, cfg.block_size, "the decode kernels")
     check_tensor("q", q, 3, (cache.dtype,), cache.device)
     batch, h, d = q.shape
     h_kv = cache.num_kv_heads

@@ -14,7 +14,8 @@ a shape the layout pass rejects). This check closes that gap without a device:
    launch fails when a config does not build, or when every config needs more shared memory
    than a block may have.
 
-Every kernel of ops/ is reached (nsa's dk/dv segment merge through g = 16). Exit status 1 when
+Every kernel of ops/ is reached (nsa's dk/dv segment merge through g = 16; the decode step's
+kernels through one decode step per (d, g)). Exit status 1 when
 any launch fails; prints one line per kernel.
 
     python scripts/check_sm90_compile.py [--jobs 2]
@@ -80,7 +81,27 @@ def record() -> list[dict]:
                                            dtype=torch.float16)
             x = torch.randn(sum(lengths), d * heads, dtype=torch.float16, requires_grad=True)
             module(x, cu_seqlens_of(lengths)).float().square().mean().backward()
+        record_decode(cfg, lengths, {(d, g) for _, d, g in cases})
     return list(seen.values())
+
+
+def record_decode(cfg, lengths: list[int], shapes: set[tuple[int, int]]) -> None:
+    """One decode step (ops/decode.py: compression step and the five attention kernels) of a
+    module filled from a prefill of ``lengths``, per (d, g) in ``shapes``."""
+    import torch
+
+    from fsalab.modules import NativeSparseAttention
+    from fsalab.testing import cu_seqlens_of
+
+    for d, g in sorted(shapes):
+        torch.manual_seed(0)
+        heads = 2 * g
+        module = NativeSparseAttention(d * heads, heads, 2, head_dim=d, config=cfg, decode_impl="triton",
+                                       dtype=torch.float16)
+        cache = module.new_cache(len(lengths), max(lengths) + 8)
+        with torch.no_grad():
+            module(torch.randn(sum(lengths), d * heads, dtype=torch.float16), cu_seqlens_of(lengths), cache=cache)
+            module.decode(torch.randn(len(lengths), d * heads, dtype=torch.float16), cache)
 
 
 def _kernel(module: str, name: str):

@@ -8,6 +8,7 @@
     fsalab bench-dram --experiment dram --all                     DRAM bytes under Nsight Compute
     fsalab bench-compile --experiment compile --all               first-call compile + autotune time
     fsalab bench-versus --experiment versus --all [--filter N65536]  NSA vs cuDNN, interleaved
+    fsalab bench-decode --experiment decode --all                 decode step, inference, generate
     fsalab bench-train|bench-prefill|bench-convergence ...   end-to-end runners (fsalab.bench.*)
     fsalab theory --experiment theory --out results/<platform>/theory.csv
     fsalab supersede --platform h200 --min-commit SHA [--dry-run]   set aside rows of older commits
@@ -100,7 +101,8 @@ def _point_from_args(args, exp: dict) -> dict | None:
 
 # Point runners of kernel-level experiments: command -> experiment runner (module fsalab.bench.<runner>).
 # A runner module with its own run_points (versus: groups of points timed together) uses it.
-POINT_RUNNERS = {"bench-kernel": "kernel", "bench-dram": "dram", "bench-compile": "compile", "bench-versus": "versus"}
+POINT_RUNNERS = {"bench-kernel": "kernel", "bench-dram": "dram", "bench-compile": "compile", "bench-versus": "versus",
+                 "bench-decode": "decode"}
 
 
 def cmd_bench_kernel(args) -> int:
@@ -285,8 +287,10 @@ def kernel_parser(sub, command: str, experiment_args) -> None:
     """Arguments of the point runners (bench-kernel: timing; bench-dram: Nsight Compute DRAM bytes)."""
     what = {"bench-kernel": "time", "bench-dram": "profile the DRAM traffic of",
             "bench-compile": "time the first call (Triton compile + autotune) of",
-            "bench-versus": "time side by side (interleaved, eager and CUDA graph)"}[command]
-    p = sub.add_parser(command, help=f"{what} kernel-level points (selected, compressed, window, full, nsa)")
+            "bench-versus": "time side by side (interleaved, eager and CUDA graph)",
+            "bench-decode": "time decode steps, prefill + decode and generate() of"}[command]
+    ops = "decode_step, inference, generate" if command == "bench-decode" else "selected, compressed, window, full, nsa"
+    p = sub.add_parser(command, help=f"{what} kernel-level points ({ops})")
     experiment_args(p)
     p.add_argument("--point", help="a point id of the experiment, or a JSON/YAML file of parameters")
     p.add_argument("--all", action="store_true", help="run every point of the grid in this process")

@@ -45,8 +45,8 @@ PLATFORM = _platform()
 FIGURES_PLATFORM = config["figures_platform"]
 EXPERIMENTS = {name: grid.load_experiment(name, smoke=SMOKE) for name in config["experiments"]}
 # Experiments measured point by point with `fsalab bench-<runner>` (one result file per point):
-# kernel, dram, compile, versus and the end-to-end runners train, prefill, convergence.
-POINT_RUNNERS = ("kernel", "dram", "compile", "train", "prefill", "convergence", "versus")
+# kernel, dram, compile, versus, decode and the end-to-end runners train, prefill, convergence.
+POINT_RUNNERS = ("kernel", "dram", "compile", "train", "prefill", "convergence", "versus", "decode")
 POINT_EXPERIMENTS = [n for n, e in EXPERIMENTS.items() if e["runner"] in POINT_RUNNERS]
 # Experiments whose points run in one process per experiment: all of them with batch_points;
 # versus always (it times the points of a group side by side, so one point alone is no job).

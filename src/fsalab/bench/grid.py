@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import copy
 import functools
-import itertools
 from pathlib import Path
 
 import jsonschema
 import yaml
 
 from .. import data
-from .points import E2E_OPS, E2E_RUNNERS, e2e_base, e2e_point_id, point_id
+from .decode_points import expand_points as expand_decode_points
+from .points import E2E_OPS, E2E_RUNNERS, e2e_base, e2e_point_id, expand_subgrid, point_id
 from .repo import repo_root
 
 KERNEL_REQUIRED = ("op", "impl", "direction", "N", "g")
@@ -121,20 +121,6 @@ def load_smoke() -> dict:
         return validate(yaml.safe_load(fh), load_schema("smoke"), str(path))
 
 
-def _expand_subgrid(sub: dict) -> list[dict]:
-    keys = list(sub)
-    points = []
-    for combo in itertools.product(*(sub[k] for k in keys)):
-        point = {}
-        for key, value in zip(keys, combo):
-            if isinstance(value, dict):
-                point.update(copy.deepcopy(value))
-            else:
-                point[key] = value
-        points.append(point)
-    return points
-
-
 def check_impl(p: dict, where: str) -> None:
     """ValueError when the point's impl (or model) is not a name the runner knows, whether or
     not it can run on this machine: a misspelt impl is a config error, not an ``unsupported`` row."""
@@ -165,7 +151,7 @@ def _expand_e2e(exp: dict, base: dict | None = None) -> list[dict]:
     params_schema = {"$defs": schema["$defs"], **schema["$defs"]["e2e_params"]}
     points, seen = [], set()
     for i, sub in enumerate(exp["grid"]):
-        for raw in _expand_subgrid(sub):
+        for raw in expand_subgrid(sub):
             where = f"{exp['experiment']} grid[{i}]"
             p = {**copy.deepcopy(start), **copy.deepcopy(exp.get("defaults", {})), **raw}
             p = validate(p, params_schema, where)
@@ -191,12 +177,14 @@ def expand(exp: dict, base: dict | None = None) -> list[dict]:
     """
     if exp["runner"] in E2E_RUNNERS:
         return _expand_e2e(exp, base)
+    if exp["runner"] == "decode":  # its own parameters (decode_points.DEFAULTS)
+        return expand_decode_points(exp)
     schema = load_schema("experiment")
     params_schema = {"$defs": schema["$defs"], **schema["$defs"]["params"]}
     required = THEORY_REQUIRED if exp["runner"] == "theory" else KERNEL_REQUIRED
     points, seen = [], {}
     for i, sub in enumerate(exp["grid"]):
-        for raw in _expand_subgrid(sub):
+        for raw in expand_subgrid(sub):
             where = f"{exp['experiment']} grid[{i}]"
             p = validate({**copy.deepcopy(exp.get("defaults", {})), **raw}, params_schema, where)
             missing = [k for k in required if k not in p]

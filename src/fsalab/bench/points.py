@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -165,3 +166,18 @@ def e2e_point_id(p: dict) -> str:
         parts.append(f"S{p['steps']}")
     parts.append(point_hash(p))
     return "-".join(re.sub(r"[^A-Za-z0-9.\-]+", "", str(x)) for x in parts)
+
+
+def expand_subgrid(sub: dict) -> list[dict]:
+    """The points of one grid entry: the product of its axes; a dict value sets several keys."""
+    keys = list(sub)
+    points = []
+    for combo in itertools.product(*(sub[k] for k in keys)):
+        point = {}
+        for key, value in zip(keys, combo):
+            if isinstance(value, dict):
+                point.update(copy.deepcopy(value))
+            else:
+                point[key] = value
+        points.append(point)
+    return points

@@ -16,7 +16,10 @@ Full attention is not swapped: the model is built with ``attn_implementation_for
 
 Inputs the adapter accepts: padded ``[B, S, hidden]`` batches without padding (each row one
 sequence starting at position 0), or one packed row ``[1, total, hidden]`` with HF's
-``cu_seq_lens_q`` kwarg. No KV cache: training and prefill only.
+``cu_seq_lens_q`` kwarg. With an ``NSAModelCache`` (``models/cache.py``) as HF's cache, the first
+forward fills each layer's decode cache and later forwards decode one token per row
+(``model.generate``); any other HF cache is rejected (call the model with ``use_cache=False`` or
+pass an ``NSAModelCache``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from ..config import NSAConfig
 from ..modules import NativeSparseAttention
 from ..modules.rope import rope_inv_freq
 from ..ops import selection
+from ..ops.decode_cache import NSADecodeCache
 from ..ops.impls import FULL_ATTENTION_IMPLS
+from .cache import NSACacheLayer, NSAModelCache
 
 SELECTION_IMPLS = tuple(i for i in selection.IMPLS if i not in selection.PEER_IMPLS)
 # Full-attention baselines (DESIGN §2 impl names): the model's own attention through an SDPA
@@ -106,16 +111,17 @@ def nsa_attend(
     cu_seqlens: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    cache: NSADecodeCache | None = None,
 ) -> torch.Tensor:
     """NSA's branches and gates on projected, not yet rotated q/k/v (DESIGN §4).
 
     q [total, h, d], k/v [total, h_kv, d]; x [total, hidden] feeds the gates; cos/sin
     [total, d] are the rotary factors of each token (HF's position_embeddings, flattened).
     Uses ``nsa``'s compression weights, gate projection, config and impl choices.
-    Returns o [total, h, d] (before the output projection).
+    Returns o [total, h, d] (before the output projection). ``cache``: filled for decode.
     """
     check_cu_seqlens(cu_seqlens, q.shape[0], x.device)
-    return nsa.attend(q, k, v, x, cu_seqlens, lambda t, index: rotate(t, cos[index], sin[index]))
+    return nsa.attend(q, k, v, x, cu_seqlens, lambda t, index: rotate(t, cos[index], sin[index]), cache=cache)
 
 
 class NSAAttentionAdapter(nn.Module):
@@ -135,9 +141,13 @@ class NSAAttentionAdapter(nn.Module):
         compression_impl: str = "auto",
         window_impl: str = "auto",
         gate_impl: str = "auto",
+        rotary: nn.Module | None = None,
     ) -> None:
         super().__init__()
         config = hf_attn.config
+        # The model's rotary embedding (not a submodule: the model owns it); decode rotates the
+        # compressed keys, whose positions HF's position_embeddings of the new token do not cover.
+        self._rotary = [rotary]
         self.layer_idx = hf_attn.layer_idx
         self.head_dim = hf_attn.head_dim
         h, h_kv = config.num_attention_heads, config.num_key_value_heads
@@ -172,8 +182,10 @@ class NSAAttentionAdapter(nn.Module):
         attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
-        if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
-            raise ValueError("the NSA adapter has no KV cache: call the model with use_cache=False")
+        hf_cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if hf_cache is not None and not isinstance(hf_cache, NSAModelCache):
+            raise ValueError(f"the NSA adapter keeps its own KV cache: pass past_key_values=fsalab.models.cache.NSAModelCache"
+                             f"(model, capacity) or use_cache=False, got {type(hf_cache).__name__}")
         if attention_mask is not None:
             raise ValueError(
                 "the NSA adapter takes unpadded causal batches only: build the model with "
@@ -182,6 +194,9 @@ class NSAAttentionAdapter(nn.Module):
         if position_embeddings is None:
             raise ValueError("the NSA adapter needs HF's position_embeddings (cos, sin)")
         batch, seq, hidden = hidden_states.shape
+        layer = hf_cache.layers[self.layer_idx] if hf_cache is not None else None
+        if layer is not None and layer.nsa is not None:
+            return self._decode(hidden_states, layer), None
         total = batch * seq
         cu = kwargs.get("cu_seq_lens_q")
         if cu is not None:
@@ -196,8 +211,34 @@ class NSAAttentionAdapter(nn.Module):
         q = nsa.q_proj(x).view(total, h, d)
         k = nsa.k_proj(x).view(total, h_kv, d)
         v = nsa.v_proj(x).view(total, h_kv, d)
-        o = nsa_attend(nsa, q, k, v, x, cu, cos, sin)
+        if layer is not None:
+            if kwargs.get("cu_seq_lens_q") is not None:
+                raise ValueError("an NSAModelCache is filled from a padded [B, S, hidden] prompt, one sequence a row")
+            layer.nsa = nsa.new_cache(batch, layer.capacity)
+            layer.seen = seq
+        o = nsa_attend(nsa, q, k, v, x, cu, cos, sin, layer.nsa if layer is not None else None)
         return nsa.o_proj(o.reshape(total, h * d)).view(batch, seq, hidden), None
+
+    def _decode(self, hidden_states: torch.Tensor, layer: NSACacheLayer) -> torch.Tensor:
+        """One new token per row of the cache: hidden_states [B, 1, hidden] -> [B, 1, hidden]."""
+        batch, seq, hidden = hidden_states.shape
+        if seq != 1:
+            raise ValueError(f"after the prompt, an NSAModelCache takes one token per row and step, got {seq}")
+        if self._rotary[0] is None:
+            raise ValueError("NSA decode needs the model's rotary embedding: patch the model with patch_model")
+        nsa, h, h_kv, d = self.nsa, self.nsa.num_heads, self.nsa.num_kv_heads, self.head_dim
+        x = hidden_states.reshape(batch, hidden)
+        q = nsa.q_proj(x).view(batch, h, d)
+        k = nsa.k_proj(x).view(batch, h_kv, d)
+        v = nsa.v_proj(x).view(batch, h_kv, d)
+
+        def rot(t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            cos, sin = self._rotary[0](t, positions[None])
+            return rotate(t, cos[0], sin[0])
+
+        o = nsa.attend_decode(q, k, v, x, layer.nsa, rot)
+        layer.seen += 1
+        return nsa.o_proj(o.reshape(batch, h * d)).view(batch, 1, hidden)
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -236,7 +277,7 @@ def patch_model(
         raise ValueError("RoPE variants with attention scaling (YaRN, LongRoPE) are not supported by the NSA adapter")
     cfg = nsa_config or NSAConfig()
     for layer in decoder_layers(model):
-        layer.self_attn = NSAAttentionAdapter(layer.self_attn, cfg, impl, compression_impl, window_impl, gate_impl)
+        layer.self_attn = NSAAttentionAdapter(layer.self_attn, cfg, impl, compression_impl, window_impl, gate_impl, rotary)
     return model
 
 

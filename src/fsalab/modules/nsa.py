@@ -19,6 +19,8 @@ from ..ops import (
     selection_default,
     window_op,
 )
+from ..ops.decode import DECODE_IMPLS, decode_ops
+from ..ops.decode_cache import NSADecodeCache
 from ..ops.selection import selected_attention
 from ..varlen import compressed_index, local_positions, sequence_ids
 from .rope import apply_rope, rope_inv_freq
@@ -34,7 +36,8 @@ class NativeSparseAttention(nn.Module):
     Each branch's op is chosen by name: ``compression_impl`` ("reference" | "triton" | "auto"),
     ``selection_impl`` (see ``fsalab.ops.selection``; None = "auto" on CUDA, "reference" on CPU),
     ``window_impl`` ("reference" | "triton" | "flash_attn" | "auto"), ``gate_impl`` ("reference" |
-    "triton" | "auto"; the gated sum of the three branches).
+    "triton" | "auto"; the gated sum of the three branches), ``decode_impl`` ("reference" |
+    "triton" | "auto"; the decode step, ``decode``).
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class NativeSparseAttention(nn.Module):
         selection_impl: str | None = None,
         window_impl: str = "auto",
         gate_impl: str = "auto",
+        decode_impl: str = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -58,7 +62,8 @@ class NativeSparseAttention(nn.Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         for name, value, known in (("compression_impl", compression_impl, COMPRESSION_IMPLS),
-                                   ("window_impl", window_impl, WINDOW_IMPLS), ("gate_impl", gate_impl, GATE_IMPLS)):
+                                   ("window_impl", window_impl, WINDOW_IMPLS), ("gate_impl", gate_impl, GATE_IMPLS),
+                                   ("decode_impl", decode_impl, DECODE_IMPLS)):
             if value not in known:  # fail at construction, not at the first forward
                 raise ValueError(f"{name} must be one of {known}, got {value!r}")
         if head_dim is None and hidden_size % num_heads:
@@ -69,7 +74,7 @@ class NativeSparseAttention(nn.Module):
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim = head_dim or hidden_size // num_heads
         self.compression_impl, self.selection_impl, self.window_impl = compression_impl, selection_impl, window_impl
-        self.gate_impl = gate_impl
+        self.gate_impl, self.decode_impl = gate_impl, decode_impl
         d, l = self.head_dim, self.cfg.kernel_size
         factory = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(hidden_size, num_heads * d, bias=qkv_bias, **factory)
@@ -97,21 +102,25 @@ class NativeSparseAttention(nn.Module):
         hidden_states: torch.Tensor,
         cu_seqlens: torch.Tensor | None = None,
         lengths: torch.Tensor | None = None,
+        cache: NSADecodeCache | None = None,
     ) -> torch.Tensor:
         """Packed ``[total, hidden]`` with ``cu_seqlens`` (int32 [batch + 1]), or padded
         ``[batch, seq, hidden]`` with optional right-padding ``lengths`` ([batch]); same layout out.
-        Padded positions of the output are zero.
+        Padded positions of the output are zero. With a ``cache`` (packed input only) the prefill
+        fills it for ``decode`` (DESIGN §9).
         """
         if hidden_states.dim() == 3:
             if cu_seqlens is not None:
                 raise ValueError("cu_seqlens is for packed [total, hidden] input; padded input takes lengths")
+            if cache is not None:
+                raise ValueError("a decode cache is filled from packed input: pass [total, hidden] with cu_seqlens")
             return self._forward_padded(hidden_states, lengths)
         check_tensor("hidden_states", hidden_states, 2)
         if cu_seqlens is None:
             raise ValueError("packed hidden_states [total, hidden] need cu_seqlens (int32 [batch + 1])")
         if lengths is not None:
             raise ValueError("lengths is for padded [batch, seq, hidden] input; packed input takes cu_seqlens")
-        return self._forward_packed(hidden_states, cu_seqlens)
+        return self._forward_packed(hidden_states, cu_seqlens, cache)
 
     def _forward_padded(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
         batch, seq, hidden = x.shape
@@ -132,20 +141,24 @@ class NativeSparseAttention(nn.Module):
         # Selected, not multiplied: a NaN in a padded position must not survive as NaN * 0.
         return out if valid is None else out.masked_fill(~valid[..., None], 0.0)
 
-    def _forward_packed(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-        total, hidden = x.shape
+    def _check_hidden(self, x: torch.Tensor) -> None:
+        hidden = x.shape[-1]
         if hidden != self.hidden_size:
             raise ValueError(f"hidden_states must have hidden size {self.hidden_size}, got {hidden}")
         if x.dtype != self.q_proj.weight.dtype:
             raise TypeError(f"hidden_states has dtype {x.dtype} but the module's parameters are "
                             f"{self.q_proj.weight.dtype}; cast one to the other")
+
+    def _forward_packed(self, x: torch.Tensor, cu_seqlens: torch.Tensor, cache: NSADecodeCache | None = None) -> torch.Tensor:
+        total, hidden = x.shape
+        self._check_hidden(x)
         check_cu_seqlens(cu_seqlens, total, x.device)
         h, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         q = self.q_proj(x).view(total, h, d)
         k = self.k_proj(x).view(total, h_kv, d)
         v = self.v_proj(x).view(total, h_kv, d)
 
-        o = self.attend(q, k, v, x, cu_seqlens)
+        o = self.attend(q, k, v, x, cu_seqlens, cache=cache)
         return self.o_proj(o.reshape(total, h * d))
 
     def attend(
@@ -156,13 +169,15 @@ class NativeSparseAttention(nn.Module):
         x: torch.Tensor,
         cu_seqlens: torch.Tensor,
         rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        cache: NSADecodeCache | None = None,
     ) -> torch.Tensor:
         """NSA's three branches and gates on projected q/k/v before RoPE; o [total, h, d].
 
         q [total, h, d], k/v [total, h_kv, d]; x [total, hidden] feeds the gates.
         ``rotate(t, token_index)`` applies the rotary embedding of packed token ``token_index[i]``
         to row i of t; the default is this module's RoPE at local positions. Compressed keys are
-        rotated at the first raw token of their window.
+        rotated at the first raw token of their window. ``cache``: filled with this prefill's
+        keys, values and compressed tokens (one sequence of cu_seqlens per cache row).
         """
         total, h, _ = q.shape
         cfg = self.cfg
@@ -179,7 +194,10 @@ class NativeSparseAttention(nn.Module):
         seq = sequence_ids(cu_cmp, rows).clamp(max=cu_seqlens.numel() - 2)
         window_start = (cu_seqlens.long()[seq] + compressed_index(cu_cmp, rows) * cfg.kernel_stride).clamp(0, max(total - 1, 0))
         tokens = torch.arange(total, device=q.device)
+        k_plain = k
         q, k, k_cmp = rotate(q, tokens), rotate(k, tokens), rotate(k_cmp, window_start)
+        if cache is not None:
+            cache.fill(k, k_plain, v, k_cmp, v_cmp, cu_seqlens)
 
         o_cmp, lse_cmp = cmp.compressed_attention(q, k_cmp, v_cmp, cu_seqlens, cu_cmp, cfg)
         block_idx = cmp.select_blocks(q, k_cmp, lse_cmp, cu_seqlens, cu_cmp, cfg)
@@ -188,3 +206,65 @@ class NativeSparseAttention(nn.Module):
         o_win, _ = window_op(self.window_impl, x.device)(q, k, v, cu_seqlens, cfg.window_size)
         gates = self.gate_proj(x).view(total, h, 3)
         return gate_op(self.gate_impl, x.device)(o_cmp.to(q.dtype), o_slc.to(q.dtype), o_win.to(q.dtype), gates)
+
+    # ------------------------------------------------------------------------------------------
+    # Decode (DESIGN §9)
+    # ------------------------------------------------------------------------------------------
+
+    def new_cache(self, batch: int, capacity: int, device: torch.device | str | None = None) -> NSADecodeCache:
+        """An empty decode cache for ``batch`` sequences of up to ``capacity`` tokens, in the
+        module's dtype and device; fill it with ``forward(x, cu_seqlens, cache=cache)``."""
+        weight = self.gate_proj.weight  # q_proj may be wrapped (Qwen3's QK-norm in the model swap)
+        return NSADecodeCache.allocate(batch, capacity, self.num_kv_heads, self.head_dim, self.cfg, weight.dtype,
+                                       device if device is not None else weight.device)
+
+    def decode(self, hidden_states: torch.Tensor, cache: NSADecodeCache) -> torch.Tensor:
+        """One new token per sequence: hidden_states [batch, hidden] -> [batch, hidden].
+
+        Appends the token to ``cache`` (filled by a prefill) and attends over it; the output
+        equals the prefill output of the same token. Static shapes, no host sync on CUDA.
+        """
+        check_tensor("hidden_states", hidden_states, 2)
+        self._check_hidden(hidden_states)
+        x = hidden_states
+        batch = x.shape[0]
+        h, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.q_proj(x).view(batch, h, d)
+        k = self.k_proj(x).view(batch, h_kv, d)
+        v = self.v_proj(x).view(batch, h_kv, d)
+        o = self.attend_decode(q, k, v, x, cache, lambda t, pos: apply_rope(t, pos, self.inv_freq))
+        return self.o_proj(o.reshape(batch, h * d))
+
+    def attend_decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        x: torch.Tensor,
+        cache: NSADecodeCache,
+        rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """``attend`` for one new token per sequence of ``cache``: q [batch, h, d], k/v
+        [batch, h_kv, d] projected, before RoPE; x [batch, hidden] feeds the gates.
+        ``rotate(t, positions)`` rotates row i of t to position ``positions[i]`` (int64).
+        Returns o [batch, h, d] (before the output projection).
+        """
+        if not isinstance(cache, NSADecodeCache):
+            raise TypeError(f"cache must be an NSADecodeCache, got {type(cache).__name__}")
+        if cache.cfg != self.cfg:
+            raise ValueError(f"the cache was built for {cache.cfg}, the module uses {self.cfg}")
+        batch, h, _ = q.shape
+        if batch != cache.batch:
+            raise ValueError(f"{batch} new tokens for a cache of batch {cache.batch}: one token per sequence")
+        cache.check_step()
+        ops = decode_ops(self.decode_impl, x.device)
+        pos = cache.lengths.long()
+        q = rotate(q, pos)
+        cache.append(rotate(k, pos), k, v)
+        _, row = cache.new_compressed()
+        k_cmp, v_cmp = ops.compress_step(cache, self.compress_k, self.compress_v, self.compress_pe)
+        window_start = (cache.lengths.long() - self.cfg.kernel_size).clamp(min=0)
+        cache.write_compressed(rotate(k_cmp, window_start), v_cmp, row)
+        gates = self.gate_proj(x).view(batch, h, 3)
+        o, _ = ops.nsa_decode(q, cache, gates)
+        return o.to(q.dtype)

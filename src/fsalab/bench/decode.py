@@ -1,0 +1,372 @@
+"""Decode benchmarks (DESIGN §9): the ``decode`` runner of three experiments, one op each.
+
+- ``decode_step`` (FSA Table 10): one decode step of one attention layer at context N, mean step
+  latency over ``steps`` generated tokens, replayed from a CUDA graph. fsalab's NSA step
+  (impl ``triton``: cache append, compression, the decode kernels; ``reference``: the fp32
+  PyTorch step, tiny sizes only) runs the real loop, its cache growing from N to N + steps.
+  Full-attention decode baselines over a cache of N tokens: torch SDPA (``sdpa_flash``,
+  ``sdpa_cudnn``, ``sdpa_math``; GQA through ``enable_gqa``; fixed context N, nothing
+  appended), flash-attn's ``flash_attn_with_kvcache`` (``flash_attn``: appends in place, the
+  real loop) and FlashInfer's batch decode over one page per sequence (``flashinfer``, fixed N).
+  A library that is not importable gives a row with status ``unsupported``.
+- ``inference`` (FSA Tables 8-9): one attention layer, prefill of N tokens then ``steps``
+  generated tokens; NSA = the module's ``attend`` (compression, selection ``impl``, window,
+  gates; filling the cache) then ``attend_decode`` steps (graph-replayed); full attention =
+  SDPA causal prefill then SDPA decode steps over the growing context (eager: its shapes grow).
+  ``median_ms`` is prefill + steps x the step's mean; the q/k/v/o projections are not included.
+- ``generate``: tokens/s of a patched model (``model``, ``layers``; NSA impls) or of the
+  model's own attention (full impls, HF's DynamicCache) through ``model.generate``, greedy,
+  prompts of N tokens, ``steps`` new tokens; wall clock of the whole call.
+
+Every row carries the DESIGN §2 columns (``N`` = context, ``direction`` = fwd) plus
+``mean_step_ms`` / ``tokens_per_s`` / ``step_extra_mem_bytes`` where they apply.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+from ..checks import value_checks_off
+from .decode_points import NSA_IMPLS
+from .points import DTYPES, nsa_config
+from .provenance import detect_platform, provenance
+from .rows import Unsupported, classify, kernel_row
+from .timing import capture_graph, measure
+
+
+
+# ---------------------------------------------------------------- timing helpers
+
+
+def _replayed_steps(step, device: torch.device, steps: int, timing: dict) -> tuple[list[float], str]:
+    """Per-step samples (ms) of ``steps`` consecutive calls of ``step``: replays of one CUDA graph
+    timed by events on CUDA (``graph`` in the method), eager wall clock elsewhere."""
+    if device.type == "cuda" and timing.get("graphs", True):
+        g = capture_graph(step, device, warmup=2)
+        if g.status == "ok":
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+            events[0].record()
+            for e in events[1:]:
+                g.replay()
+                e.record()
+            torch.cuda.synchronize(device)
+            return [a.elapsed_time(b) for a, b in zip(events, events[1:])], "cuda_graph_replay"
+    samples = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return samples, "wallclock"
+
+
+def _summary(samples: list[float]) -> dict:
+    xs = sorted(samples)
+    q = lambda f: xs[min(len(xs) - 1, int(round(f * (len(xs) - 1))))]  # noqa: E731
+    return {"median_ms": q(0.5), "p20_ms": q(0.2), "p80_ms": q(0.8), "mean_ms": sum(xs) / len(xs),
+            "min_ms": xs[0], "n_samples": len(xs)}
+
+
+def _extra_memory(step, device: torch.device) -> int | None:
+    """Bytes a step allocates beyond what exists before it (peak minus start), CUDA only."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    start = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - start
+
+
+@functools.cache
+def _sdpa_backend(impl: str):
+    from torch.nn.attention import SDPBackend
+
+    return {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+            "sdpa_math": SDPBackend.MATH}[impl]
+
+
+def _sdpa(impl: str, q, k, v, causal: bool):
+    """torch SDPA on one backend; q [B, h, S, d], k/v [B, h_kv, N, d] (GQA through enable_gqa)."""
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel([_sdpa_backend(impl)]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+
+
+# ---------------------------------------------------------------- decode_step
+
+
+def _random_cache(p: dict, device: torch.device, dtype: torch.dtype, capacity: int, gen: torch.Generator):
+    """A cache of batch sequences with N cached tokens each, random contents (the step's cost
+    does not depend on them; its selection comes from real scores over them)."""
+    from ..ops.decode_cache import NSADecodeCache
+
+    cfg = nsa_config(p)
+    cache = NSADecodeCache.allocate(p["batch"], capacity, p["h_kv"], p["d"], cfg, dtype, device)
+    for t in (cache.k, cache.v, cache.k_cmp, cache.v_cmp, cache.k_recent):
+        t.copy_(torch.randn(t.shape, generator=gen, device="cpu").to(dtype))
+    cache.lengths.fill_(p["N"])
+    cache.filled = True
+    return cache
+
+
+def _nsa_step(p: dict, device: torch.device, dtype: torch.dtype, slack: int):
+    """(step, cache): one decode step of NSA attention (append, compression, attention, gates)
+    on random inputs; rotation and projections are left out."""
+    from ..ops import decode as dec
+
+    gen = torch.Generator().manual_seed(p["seed"])
+    cfg = nsa_config(p)
+    b, h_kv, d, h = p["batch"], p["h_kv"], p["d"], p["h_kv"] * p["g"]
+    cache = _random_cache(p, device, dtype, p["N"] + p["steps"] + slack, gen)
+    rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(device, dtype)  # noqa: E731
+    q, k, v, gates = rnd(b, h, d), rnd(b, h_kv, d), rnd(b, h_kv, d), rnd(b, h, 3)
+    w_k, w_v = (rnd(h_kv, cfg.kernel_size * d, d, scale=(cfg.kernel_size * d) ** -0.5) for _ in range(2))
+    pe = rnd(h_kv, cfg.kernel_size, d, scale=0.02)
+    ops = dec.decode_ops(p["impl"], device)
+
+    def step():
+        cache.append(k, k, v)
+        _, row = cache.new_compressed()
+        k_cmp, v_cmp = ops.compress_step(cache, w_k, w_v, pe)
+        cache.write_compressed(k_cmp, v_cmp, row)
+        return ops.nsa_decode(q, cache, gates)[0]
+
+    step.inputs, step.ops = (q, gates), ops  # for the check
+    return step, cache
+
+
+def _full_step(p: dict, device: torch.device, dtype: torch.dtype, slack: int):
+    """step of a full-attention decode baseline over N cached tokens."""
+    gen = torch.Generator().manual_seed(p["seed"])
+    b, h_kv, d, n, h = p["batch"], p["h_kv"], p["d"], p["N"], p["h_kv"] * p["g"]
+    rnd = lambda *s: torch.randn(*s, generator=gen).to(device, dtype)  # noqa: E731
+    impl = p["impl"]
+    if impl.startswith("sdpa"):
+        if device.type != "cuda" and impl != "sdpa_math":
+            raise Unsupported(f"{impl} needs CUDA")
+        q, k, v = rnd(b, h, 1, d), rnd(b, h_kv, n, d), rnd(b, h_kv, n, d)
+        return lambda: _sdpa(impl, q, k, v, causal=False), "fixed context N, nothing appended"
+    if impl == "flash_attn":
+        if device.type != "cuda":
+            raise Unsupported("flash_attn needs CUDA")
+        try:
+            from flash_attn import flash_attn_with_kvcache
+        except ImportError as exc:
+            raise Unsupported(f"flash-attn is not importable: {exc}") from None
+        cap = n + p["steps"] + slack
+        k_cache, v_cache = rnd(b, cap, h_kv, d), rnd(b, cap, h_kv, d)
+        lens = torch.full((b,), n, dtype=torch.int32, device=device)
+        q, k, v = rnd(b, 1, h, d), rnd(b, 1, h_kv, d), rnd(b, 1, h_kv, d)
+        def step():
+            o = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens)
+            lens.add_(1)
+            return o
+
+        return step, "appends in place, context N -> N + steps"
+    if impl == "flashinfer":
+        try:
+            import flashinfer
+        except ImportError as exc:
+            raise Unsupported(f"flashinfer is not importable: {exc}") from None
+        if device.type != "cuda":
+            raise Unsupported("flashinfer needs CUDA")
+        workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=device)
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+        # One page of N tokens per sequence.
+        kv = rnd(b, 2, n, h_kv, d)
+        indptr = torch.arange(b + 1, dtype=torch.int32, device=device)
+        indices = torch.arange(b, dtype=torch.int32, device=device)
+        last = torch.full((b,), n, dtype=torch.int32, device=device)
+        wrapper.plan(indptr, indices, last, h, h_kv, d, n, data_type=dtype, q_data_type=dtype)
+        q = rnd(b, h, d)
+        return (lambda: wrapper.run(q, kv)), "fixed context N, one page per sequence"
+    raise ValueError(f"unknown decode_step impl {impl!r}")
+
+
+def _check_step(p: dict, step, cache) -> dict:
+    """One more step, checked: NSA against the fp32 reference step on the same cache state
+    (``testing.assert_close``'s dtype floor; block_idx agreement reported), full attention for
+    finite outputs."""
+    from ..ops import decode_reference
+    from ..testing import assert_close
+
+    out = step()
+    out = out[0] if isinstance(out, tuple) else out
+    if not torch.isfinite(out).all():
+        return {"status": "fail", "what": "finite output"}
+    if cache is None:
+        return {"status": "pass", "what": "finite output"}
+    q, gates = step.inputs
+    _, idx = step.ops.nsa_decode(q, cache, gates)
+    try:
+        expected, expected_idx = decode_reference.nsa_decode(q, cache, gates)
+    except torch.OutOfMemoryError:  # the dense reference needs ~4x the cache in fp32
+        torch.cuda.empty_cache()
+        return {"status": "skipped", "what": "finite output; the fp32 reference step did not fit in memory"}
+    agree = float((idx == expected_idx).all(-1).float().mean())
+    try:
+        assert_close(out.float(), expected.float(), dtype=out.dtype)
+    except AssertionError as exc:
+        return {"status": "fail", "what": "step output vs fp32 reference step", "message": str(exc)[:500],
+                "block_idx_agreement": agree}
+    return {"status": "pass", "what": "step output vs fp32 reference step (dtype floor)", "block_idx_agreement": agree}
+
+
+def _run_decode_step(p, exp, device, dtype, row):
+    slack = 8
+    timing = exp.get("timing", {})
+    if p["impl"] in NSA_IMPLS["decode_step"]:
+        step, cache = _nsa_step(p, device, dtype, slack)
+        row["cache_bytes"] = cache.nbytes
+        row["scope"] = "NSA decode step: cache append, compression, attention, gates; context N -> N + steps"
+    else:
+        step, scope = _full_step(p, device, dtype, slack)
+        row["scope"] = f"full-attention decode: {scope}"
+    samples, method = _replayed_steps(step, device, p["steps"], timing)
+    row.update(_summary(samples))
+    row["check"] = _check_step(p, step, cache if p["impl"] in NSA_IMPLS["decode_step"] else None)
+    row["mean_step_ms"] = row["mean_ms"]
+    row["samples_ms"] = samples
+    row["timing"] = {"method": method, "steps": p["steps"]}
+    row["step_extra_mem_bytes"] = _extra_memory(step, device) if device.type == "cuda" else None
+
+
+# ---------------------------------------------------------------- inference
+
+
+def _run_inference(p, exp, device, dtype, row):
+    from ..modules import NativeSparseAttention
+    from ..modules.rope import apply_rope
+    from ..testing import cu_seqlens_of
+
+    b, n, h_kv, d, h = p["batch"], p["N"], p["h_kv"], p["d"], p["h_kv"] * p["g"]
+    timing = {"warmup": 1, "repeats": 3, **{k: v for k, v in exp.get("timing", {}).items() if k in ("warmup", "repeats")}}
+    gen = torch.Generator().manual_seed(p["seed"])
+    rnd = lambda *s: torch.randn(*s, generator=gen).to(device, dtype)  # noqa: E731
+    if p["impl"] in NSA_IMPLS["inference"]:
+        torch.manual_seed(p["seed"])
+        module = NativeSparseAttention(h * d, h, h_kv, d, nsa_config(p), selection_impl=p["impl"],
+                                       device=device, dtype=dtype)
+        x, q, k, v = rnd(b * n, h * d), rnd(b * n, h, d), rnd(b * n, h_kv, d), rnd(b * n, h_kv, d)
+        cu = cu_seqlens_of([n] * b, device)
+        cache = module.new_cache(b, n + p["steps"] + 8)
+        xd, qd, kd, vd = rnd(b, h * d), rnd(b, h, d), rnd(b, h_kv, d), rnd(b, h_kv, d)
+
+        def prefill():
+            with torch.no_grad():
+                return module.attend(q, k, v, x, cu, cache=cache)
+
+        def step():
+            with torch.no_grad():
+                return module.attend_decode(qd, kd, vd, xd, cache, lambda t, pos: apply_rope(t, pos, module.inv_freq))
+
+        scope = "NSA: attend (prefill, fills the cache) + attend_decode steps; projections excluded"
+    else:
+        q, k, v = rnd(b, h, n, d), rnd(b, h_kv, n + p["steps"], d), rnd(b, h_kv, n + p["steps"], d)
+        qd = rnd(b, h, 1, d)
+        length = [n]
+
+        def prefill():
+            length[0] = n
+            return _sdpa(p["impl"], q, k[:, :, :n], v[:, :, :n], causal=True)
+
+        def step():
+            length[0] += 1
+            return _sdpa(p["impl"], qd, k[:, :, : length[0]], v[:, :, : length[0]], causal=False)
+
+        scope = "full attention: SDPA causal prefill + SDPA decode steps over the growing context; projections excluded"
+    t = measure(prefill, device, "cuda_events" if device.type == "cuda" else "wallclock", **timing)
+    finite = bool(torch.isfinite(prefill()).all())  # a fresh prefill: the decode steps start from context N
+    samples, method = _replayed_steps(step, device, p["steps"], exp.get("timing", {}) if p["impl"] in NSA_IMPLS["inference"]
+                                      else {"graphs": False})
+    finite = finite and bool(torch.isfinite(step()).all())
+    row["check"] = {"status": "pass" if finite else "fail", "what": "finite prefill and step outputs"}
+    prefill_ms = t.summary()["median_ms"]
+    step_mean = sum(samples) / len(samples)
+    row.update(median_ms=prefill_ms + p["steps"] * step_mean, p20_ms=None, p80_ms=None, n_samples=len(samples))
+    row.update(prefill_ms=prefill_ms, prefill_samples_ms=t.samples_ms, mean_step_ms=step_mean, samples_ms=samples,
+               scope=scope, timing={"prefill": t.method, "steps": method, "n_steps": p["steps"]})
+
+
+# ---------------------------------------------------------------- generate
+
+
+def _run_generate(p, exp, device, dtype, row):
+    from ..models import configs, patch
+    from ..models.cache import generate
+
+    if not p["model"]:
+        raise ValueError("generate points need a model (llama3-8b, qwen3-14b, qwen2.5-32b)")
+    impl = patch.canonical_impl(p["impl"])
+    lm = configs.build_model(p["model"], p["layers"] or None, "meta", dtype, patch.attn_implementation_for(impl),
+                             **p["model_overrides"])
+    patch.patch_model(lm, impl, nsa_config(p) if patch.is_sparse(impl) else None)
+    lm.to_empty(device=device)
+    configs.init_random_(lm, seed=p["seed"])
+    lm.eval()
+    gen = torch.Generator().manual_seed(p["seed"])
+    ids = torch.randint(0, lm.config.vocab_size, (p["batch"], p["N"]), generator=gen).to(device)
+
+    def run(steps):
+        with torch.inference_mode(), patch.attention_context(impl):
+            if patch.is_sparse(impl):
+                return generate(lm, ids, steps)
+            return lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps, do_sample=False,
+                               pad_token_id=0)
+
+    run(2)  # compile, autotune
+    samples = []
+    for _ in range(max(1, exp.get("timing", {}).get("repeats", 1))):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        out = run(p["steps"])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    full = out.shape[1] == p["N"] + p["steps"]
+    row["check"] = {"status": "pass" if full else "fail", "what": f"{p['steps']} tokens generated"}
+    row.update(_summary(samples))
+    row["samples_ms"] = samples
+    row["tokens_per_s"] = p["batch"] * p["steps"] / (row["median_ms"] * 1e-3)
+    row["scope"] = f"model.generate (greedy, prompt N, {p['steps']} new tokens, prefill included), {row['layers']} layers"
+    row["timing"] = {"method": "wallclock", "repeats": len(samples)}
+
+
+_RUNNERS = {"decode_step": _run_decode_step, "inference": _run_inference, "generate": _run_generate}
+
+
+def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
+    """Measure one decode-runner point; always returns a row (failures become status rows)."""
+    platform = platform or detect_platform()
+    row = kernel_row(p, platform)
+    row.update(steps=p["steps"], layers=p["layers"] if p["op"] == "generate" else None)
+    started = time.time()
+    try:
+        with value_checks_off():
+            _RUNNERS[p["op"]](p, exp, device, DTYPES[p["dtype"]], row)
+        if device.type == "cuda":
+            row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        row["status"] = "ok"
+    except Unsupported as exc:
+        row["status"], row["message"] = "unsupported", str(exc)[:2000]
+    except Exception as exc:  # noqa: BLE001 - every failure of a point becomes a row
+        row["status"] = classify(exc)
+        row["message"] = f"{type(exc).__name__}: {exc}"[:4000]
+        if row["status"] == "error":
+            row["traceback"] = traceback.format_exc()[-4000:]
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    row["elapsed_s"] = round(time.time() - started, 3)
+    row["provenance"] = provenance()
+    return row

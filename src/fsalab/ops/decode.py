@@ -1,0 +1,473 @@
+"""NSA decode step in Triton (DESIGN §9): one new token per sequence over an ``NSADecodeCache``.
+
+The fp32 reference is ``ops/decode_reference.py`` (same function names and signatures).
+
+A step is five launches with static grids (a fixed batch and capacity give the same launches
+whatever the lengths, which live on device: CUDA-graph capturable, no host sync), plus
+``compress_step``'s launch, which exits at once for sequences that complete no compressed token:
+
+1. ``_cmp_partial_kernel`` (batch, h_kv, S_c): compressed attention, the g query heads of a KV
+   head as the MMA's rows; sequence b's n_cmp compressed tokens are cut into S_c ranges
+   (FlashDecoding's split), each program writing (o, lse) of its range.
+2. ``_score_kernel`` (batch, h_kv, S_s): block scores from the same compressed keys,
+   p = exp(q·k_cmp·scale − lse_cmp) summed over the group's heads in fp32 (lse_cmp merged from
+   step 1's partials), mapped onto blocks with the overlap weights, forced / causal rules of
+   prefill; each program keeps the top-T of its range of blocks (``block_select._merge_topk``).
+3. ``_topk_kernel`` (batch · h_kv): merges the S_s partial top-T lists into block_idx
+   [batch, h_kv, T] (ascending, -1 padding; ties to the lower block, as in prefill).
+4. ``_sw_partial_kernel`` (batch, h_kv, T + S_w): one program per selected block (causal: keys
+   < n) and per range of the window (keys [n − w, n)), each writing (o, lse).
+5. ``_combine_kernel`` (batch · h): log-sum-exp merge of each branch's partials and the gated
+   sum, rounded once to q's dtype.
+
+Extra memory of a step beyond the cache: the partials, fp32 [batch, h, S_c + T + S_w, d + 1],
+the score keys int64 [batch, h_kv, S_s, T_P] and block_idx: O(batch · h · d) for the fixed
+split counts (``decode_splits``: at most 64 + T + 8 partials per head, 2.8 MiB at batch 1,
+64 heads, d = 128, T = 16). Nothing grows with the context length.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from types import ModuleType
+
+import torch
+import triton
+import triton.language as tl
+
+from ..checks import KERNEL_DTYPES, MAX_GROUP, check_kernel_call, check_tensor
+from .block_select import _KEY_NONE, _merge_topk
+from .decode_cache import NSADecodeCache
+from ._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, dot_precision, next_pow2
+
+DECODE_IMPLS = ("reference", "triton", "auto")
+
+# Keys per compressed-attention split and per window split at least (fewer ranges are idle work).
+_MIN_SPLIT_TOKENS = 64
+
+
+def decode_ops(impl: str, device: torch.device) -> ModuleType:
+    """The module providing ``compress_step`` and ``nsa_decode`` for ``impl`` on ``device``."""
+    if impl not in DECODE_IMPLS:
+        raise ValueError(f"decode impl must be one of {DECODE_IMPLS}, got {impl!r}")
+    if impl == "reference" or (impl == "auto" and device.type != "cuda"):
+        from . import decode_reference
+
+        return decode_reference
+    return sys.modules[__name__]
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _score_tile(cfg) -> tuple[int, int]:
+    """(T_P, BB): the top-T run width (a power of two >= 2) and the blocks of one score tile (a
+    power of two >= T_P whose BB·R compressed tokens fill an MMA of >= 16 columns)."""
+    t_pad = max(2, next_pow2(cfg.topk))
+    r = cfg.block_size // cfg.kernel_stride
+    return t_pad, max(t_pad, next_pow2(triton.cdiv(16, r)), 4)
+
+
+def decode_splits(batch: int, h_kv: int, capacity: int, cfg, device: torch.device) -> tuple[int, int, int]:
+    """(S_c, S_s, S_w): ranges per (sequence, KV head) of the compressed-attention, score and
+    window programs. Chosen from the batch and capacity only (static grids): enough programs to
+    fill the GPU (2 per SM) when the batch cannot, never ranges shorter than 64 tokens at
+    capacity. Under the interpreter, small counts that still cut tiny caches into several ranges."""
+    rows = max(1, capacity // cfg.kernel_stride)
+    _, bb = _score_tile(cfg)
+    if INTERPRET or device.type != "cuda":
+        return min(3, rows), min(2, cfg.num_blocks(capacity)), min(2, cfg.window_size)
+    per_head = triton.cdiv(2 * _sm_count(device.index or 0), batch * h_kv)
+    s_c = max(1, min(per_head, triton.cdiv(rows, _MIN_SPLIT_TOKENS), 64))
+    s_s = max(1, min(per_head, triton.cdiv(cfg.num_blocks(capacity), bb - 1), 64))
+    s_w = max(1, min(triton.cdiv(min(cfg.window_size, capacity), _MIN_SPLIT_TOKENS), 8))
+    return s_c, s_s, s_w
+
+
+# ----------------------------------------------------------------------------------------------
+# Device helpers
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _group_q(q_ptr, b, kvh, s_qb, s_qh, G: tl.constexpr, G_PAD: tl.constexpr, dd, d_ok):
+    """The g query heads of KV head kvh as G_PAD rows (rows >= g are zero), and their row mask."""
+    gg = tl.arange(0, G_PAD)
+    g_ok = gg < G
+    q = tl.load(q_ptr + b.to(tl.int64) * s_qb + (kvh * G + gg)[:, None] * s_qh + dd[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    return q, gg, g_ok
+
+
+@triton.jit
+def _attend_range(q, k_ptr, v_ptr, s_t, lo, hi, qk_scale, dd, d_ok,
+                  G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Online softmax (exp2) of q [G_PAD, D_PAD] over keys [lo, hi) at k_ptr + t * s_t (v alike).
+    Returns (acc, m, l): unnormalised output, row max (log2 units), row sum; l = 0 when empty."""
+    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([G_PAD], dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        t = start + tl.arange(0, BLOCK_N)
+        ok = t < hi
+        off = t.to(tl.int64)[:, None] * s_t + dd[None, :]
+        kv_ok = ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + off, mask=kv_ok, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))  # finite: every tile holds a key
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + off, mask=kv_ok, other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
+        m = m_new
+    return acc, m, l
+
+
+@triton.jit
+def _store_partial(o_ptr, lse_ptr, acc, m, l, part, dd, g_ok, d_ok, HEAD_DIM: tl.constexpr):
+    """Normalised partial output (fp32) and its lse (natural log, -inf when empty) at partial index
+    ``part`` [G_PAD] (row-major over [rows, splits])."""
+    has = l > 0
+    l_safe = tl.where(has, l, 1.0)
+    o = acc / l_safe[:, None]
+    lse = tl.where(has, (m + tl.log2(l_safe)) * LN2_C, float("-inf"))
+    tl.store(o_ptr + part.to(tl.int64)[:, None] * HEAD_DIM + dd[None, :], o, mask=g_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptr + part, lse, mask=g_ok)
+
+
+@triton.jit
+def _range_partial(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, kvh, sp, lo, hi, s_qb, s_qh, s_kb, s_kt, s_kh,
+                   n_heads, n_parts, qk_scale, G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Partial sp (of n_parts per head) of the g query heads of (sequence b, KV head kvh): attention
+    over keys [lo, hi) at k_ptr + b * s_kb + t * s_kt + kvh * s_kh (values alike)."""
+    dd = tl.arange(0, D_PAD)
+    d_ok = dd < HEAD_DIM
+    q, gg, g_ok = _group_q(q_ptr, b, kvh, s_qb, s_qh, G, G_PAD, dd, d_ok)
+    base = b.to(tl.int64) * s_kb + kvh * s_kh
+    acc, m, l = _attend_range(q, k_ptr + base, v_ptr + base, s_kt, lo, hi, qk_scale, dd, d_ok,
+                              G_PAD, D_PAD, BLOCK_N, DOT_PREC)
+    part = (b * n_heads + kvh * G + gg) * n_parts + sp
+    _store_partial(o_ptr, lse_ptr, acc, m, l, part, dd, g_ok, d_ok, HEAD_DIM)
+
+
+@triton.jit
+def _n_cmp(n, L: tl.constexpr, S: tl.constexpr):
+    """Compressed tokens of a sequence of n tokens: floor((n - l) / s) + 1, 0 when n < l."""
+    return tl.where(n >= L, (tl.maximum(n, L) - L) // S + 1, 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _compress_step_kernel(
+    kr_ptr, v_ptr, len_ptr, wk_ptr, wv_ptr, pe_ptr, ko_ptr, vo_ptr,
+    s_rb, s_rt, s_rh, s_vb, s_vt, s_vh, s_wh, s_wx, s_ph, s_ob, s_oh,
+    HEAD_DIM: tl.constexpr, L: tl.constexpr, S: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """out[b, h, n0:n0+BLOCK_N] = flatten(x[n-l:n] (+ pe)) @ w[h] for the sequences whose length n
+    completes a compressed token; the others exit at once (no weight is read)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1) // 2
+    is_v = tl.program_id(1) % 2
+    n = tl.load(len_ptr + b)
+    if (n >= L) & ((n - L) % S == 0):
+        nn = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = nn < HEAD_DIM
+        kk = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for x0 in range(0, L * HEAD_DIM, BLOCK_K):
+            xx = x0 + kk
+            x_ok = xx < L * HEAD_DIM
+            i = xx // HEAD_DIM
+            c = xx % HEAD_DIM
+            t = n - L + i  # raw position in the window
+            if is_v == 1:
+                x = tl.load(v_ptr + b.to(tl.int64) * s_vb + t.to(tl.int64) * s_vt + h * s_vh + c, mask=x_ok, other=0.0)
+                w_ptr = wv_ptr
+            else:
+                x = tl.load(kr_ptr + b.to(tl.int64) * s_rb + (t % L) * s_rt + h * s_rh + c, mask=x_ok, other=0.0)
+                pe = tl.load(pe_ptr + h * s_ph + xx, mask=x_ok, other=0.0)
+                # k + pe rounds once to the cache dtype, as prefill's compression does.
+                x = (x.to(tl.float32) + pe.to(tl.float32)).to(kr_ptr.dtype.element_ty)
+                w_ptr = wk_ptr
+            w = tl.load(w_ptr + h * s_wh + xx[:, None] * s_wx + nn[None, :], mask=x_ok[:, None] & n_ok[None, :], other=0.0)
+            w = w.to(kr_ptr.dtype.element_ty).to(tl.float32)
+            acc += tl.sum(x.to(tl.float32)[:, None] * w, axis=0)
+        if is_v == 1:
+            o_ptr = vo_ptr
+        else:
+            o_ptr = ko_ptr
+        tl.store(o_ptr + b.to(tl.int64) * s_ob + h * s_oh + nn, acc.to(o_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def _cmp_partial_kernel(
+    q_ptr, kc_ptr, vc_ptr, len_ptr, o_ptr, lse_ptr,
+    s_qb, s_qh, s_cb, s_ct, s_ch, n_heads, n_splits, qk_scale,
+    G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    L: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    n_cmp = _n_cmp(tl.load(len_ptr + b), L, S)
+    chunk = tl.cdiv(n_cmp, n_splits)
+    lo = sp * chunk
+    hi = tl.minimum(lo + chunk, n_cmp)
+    _range_partial(q_ptr, kc_ptr, vc_ptr, o_ptr, lse_ptr, b, kvh, sp, lo, hi, s_qb, s_qh, s_cb, s_ct, s_ch,
+                   n_heads, n_splits, qk_scale, G, G_PAD, HEAD_DIM, D_PAD, BLOCK_N, DOT_PREC)
+
+
+@triton.jit
+def _score_kernel(
+    q_ptr, kc_ptr, len_ptr, lse_c_ptr, keys_ptr,
+    s_qb, s_qh, s_cb, s_ct, s_ch, n_heads, n_kv_heads, n_splits_c, n_splits, qk_scale,
+    G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    L: tl.constexpr, S: tl.constexpr, BS: tl.constexpr, T_P: tl.constexpr, BB: tl.constexpr,
+    SC_PAD: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    R: tl.constexpr = BS // S  # compressed tokens starting in one block
+    JT: tl.constexpr = BB * R  # compressed tokens of one tile: blocks b0 - 1 .. b0 + BB - 2 start there
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    n = tl.load(len_ptr + b)
+    n_cmp = _n_cmp(n, L, S)
+    own = (n - 1) // BS
+    dd = tl.arange(0, D_PAD)
+    d_ok = dd < HEAD_DIM
+    q, gg, g_ok = _group_q(q_ptr, b, kvh, s_qb, s_qh, G, G_PAD, dd, d_ok)
+    # lse_cmp of the group's heads, merged from the compressed-attention partials (log2 units).
+    ss = tl.arange(0, SC_PAD)
+    rows = b * n_heads + kvh * G + gg
+    lp = tl.load(lse_c_ptr + (rows * n_splits_c)[:, None] + ss[None, :],
+                 mask=g_ok[:, None] & (ss < n_splits_c)[None, :], other=float("-inf")) * LOG2E_C
+    mx = tl.max(lp, 1)
+    mx_s = tl.where(mx == float("-inf"), 0.0, mx)
+    tot = tl.sum(tl.exp2(lp - mx_s[:, None]), 1)
+    live = g_ok & (tot > 0)
+    lse2 = tl.where(live, mx_s + tl.log2(tl.where(live, tot, 1.0)), 0.0)
+
+    n_blocks = own + 1
+    per = tl.cdiv(n_blocks, n_splits)
+    blo = sp * per
+    bhi = tl.minimum(blo + per, n_blocks)
+    col = tl.arange(0, T_P)
+    run = (col[None, :] - 2 - T_P).to(tl.int64) + tl.zeros([1, T_P], dtype=tl.int64)
+    jo = tl.arange(0, JT)
+    bb = tl.arange(0, BB)
+    base = kc_ptr + b.to(tl.int64) * s_cb + kvh * s_ch
+    # Tiles of BB - 1 complete blocks: tile tokens [b0·R - R, b0·R - R + JT) hold every compressed
+    # token overlapping blocks b0 .. b0 + BB - 2 (a window spills at most into the next block).
+    for b0 in range(blo, bhi, BB - 1):
+        jj = b0 * R - R + jo
+        j_ok = (jj >= 0) & (jj < n_cmp)
+        kt = tl.load(base + jj.to(tl.int64)[None, :] * s_ct + dd[:, None], mask=j_ok[None, :] & d_ok[:, None], other=0.0)
+        p = tl.exp2(tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale - lse2[:, None])
+        p = tl.where(live[:, None] & j_ok[None, :], p, 0.0)
+        ps = tl.sum(p, 0)  # [JT], fp32 sum over the group's heads
+        blk = b0 + bb
+        lo_t = tl.maximum(jj[:, None] * S, blk[None, :] * BS)
+        hi_t = tl.minimum(jj[:, None] * S + L, blk[None, :] * BS + BS)
+        w = (tl.maximum(hi_t - lo_t, 0) // S).to(tl.float32)  # [JT, BB] overlap in strides
+        score = tl.sum(ps[:, None] * w, 0)
+        forced = (blk < INIT) | (blk > own - LOCAL)
+        score = tl.where(forced, float("inf"), score)
+        # Scores are >= +0, so their fp32 bits order like the values; ties go to the lower block.
+        key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (0x7FFFFFFF - blk).to(tl.int64)
+        key = tl.where((blk < bhi) & (bb < BB - 1), key, _KEY_NONE)
+        run = _merge_topk(run, key[None, :], 1, T_P, BB)
+    out = keys_ptr + ((b * n_kv_heads + kvh) * n_splits + sp).to(tl.int64) * T_P
+    tl.store(out + col[None, :], run)
+
+
+@triton.jit
+def _topk_kernel(keys_ptr, idx_ptr, n_splits, T_P: tl.constexpr, TOPK: tl.constexpr, NK: tl.constexpr):
+    """block_idx row (b, kvh): the top-T of its S_s partial runs, ascending, -1 padding."""
+    pid = tl.program_id(0)
+    i = tl.arange(0, NK)
+    cand = tl.load(keys_ptr + pid.to(tl.int64) * n_splits * T_P + i, mask=i < n_splits * T_P, other=_KEY_NONE)
+    col = tl.arange(0, T_P)
+    run = (col[None, :] - 2 - T_P).to(tl.int64) + tl.zeros([1, T_P], dtype=tl.int64)
+    run = _merge_topk(run, cand[None, :], 1, T_P, NK)
+    chosen = (col[None, :] >= T_P - TOPK) & (run >= 0)
+    blocks = tl.where(chosen, 0x7FFFFFFF - (run & 0x7FFFFFFF), 0x7FFFFFFF).to(tl.int32)
+    rank = tl.sum((blocks[:, None, :] < blocks[:, :, None]).to(tl.int32), axis=2)
+    n_chosen = tl.sum(chosen.to(tl.int32), axis=1)
+    out = idx_ptr + pid.to(tl.int64) * TOPK
+    tl.store(out + rank, blocks, mask=chosen)
+    pad = (col[None, :] >= n_chosen[:, None]) & (col[None, :] < TOPK)
+    tl.store(out + col[None, :], tl.full([1, T_P], -1, dtype=tl.int32), mask=pad)
+
+
+@triton.jit
+def _sw_partial_kernel(
+    q_ptr, k_ptr, v_ptr, len_ptr, idx_ptr, o_ptr, lse_ptr,
+    s_qb, s_qh, s_kb, s_kt, s_kh, n_heads, n_kv_heads, n_splits_w, qk_scale,
+    G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BS: tl.constexpr, TOPK: tl.constexpr, WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Program sp < T: selected block sp (keys < n); sp >= T: range sp - T of the window [n - w, n)."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    n = tl.load(len_ptr + b)
+    blk = tl.load(idx_ptr + (b * n_kv_heads + kvh) * TOPK + tl.minimum(sp, TOPK - 1))
+    sel_lo = tl.maximum(blk, 0) * BS
+    sel_hi = tl.where(blk >= 0, tl.minimum(sel_lo + BS, n), sel_lo)
+    w_lo = tl.maximum(n - WINDOW, 0)
+    per = tl.cdiv(n - w_lo, n_splits_w)
+    win_lo = w_lo + (sp - TOPK) * per
+    win_hi = tl.minimum(win_lo + per, n)
+    is_sel = sp < TOPK
+    lo = tl.where(is_sel, sel_lo, win_lo)
+    hi = tl.where(is_sel, sel_hi, win_hi)
+    _range_partial(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, kvh, sp, lo, hi, s_qb, s_qh, s_kb, s_kt, s_kh,
+                   n_heads, TOPK + n_splits_w, qk_scale, G, G_PAD, HEAD_DIM, D_PAD, BLOCK_N, DOT_PREC)
+
+
+@triton.jit
+def _combine_kernel(
+    oc_ptr, lc_ptr, osw_ptr, lsw_ptr, g_ptr, out_ptr, n_splits_c, n_sw,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, TOPK: tl.constexpr,
+    SC_PAD: tl.constexpr, T_PAD: tl.constexpr, SW_PAD: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)  # b * h + head
+    dd = tl.arange(0, D_PAD)
+    d_ok = dd < HEAD_DIM
+    o = tl.sigmoid(tl.load(g_ptr + row * 3).to(tl.float32)) * _merged(
+        oc_ptr + row * n_splits_c * HEAD_DIM, lc_ptr + row * n_splits_c, 0, n_splits_c, dd, d_ok, HEAD_DIM, SC_PAD)
+    sw_o = osw_ptr + row * n_sw * HEAD_DIM
+    sw_l = lsw_ptr + row * n_sw
+    o += tl.sigmoid(tl.load(g_ptr + row * 3 + 1).to(tl.float32)) * _merged(sw_o, sw_l, 0, TOPK, dd, d_ok, HEAD_DIM, T_PAD)
+    o += tl.sigmoid(tl.load(g_ptr + row * 3 + 2).to(tl.float32)) * _merged(sw_o, sw_l, TOPK, n_sw, dd, d_ok, HEAD_DIM, SW_PAD)
+    tl.store(out_ptr + row * HEAD_DIM + dd, o.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
+def _merged(o_ptr, lse_ptr, lo, hi, dd, d_ok, HEAD_DIM: tl.constexpr, S_PAD: tl.constexpr):
+    """Log-sum-exp merge of one row's partials [lo, hi): o [D_PAD] fp32, 0 when all are empty."""
+    ss = lo + tl.arange(0, S_PAD)
+    ok = ss < hi
+    lse = tl.load(lse_ptr + ss, mask=ok, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    w = tl.exp(lse - tl.where(mx == float("-inf"), 0.0, mx))
+    tot = tl.sum(w, 0)
+    o = tl.load(o_ptr + ss.to(tl.int64)[:, None] * HEAD_DIM + dd[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+    return tl.sum(w[:, None] * o, 0) / tl.where(tot > 0, tot, 1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+
+def compress_step(
+    cache: NSADecodeCache, w_k: torch.Tensor, w_v: torch.Tensor, pe: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's compressed token over its last l raw tokens (NSA Eq. 7), before RoPE:
+    (k_cmp, v_cmp) [batch, h_kv, d] in the cache dtype, written only where the cache's length
+    completes a compressed token (the other rows are unwritten: the cache sends them to its
+    scratch row). w_k, w_v [h_kv, l*d, d]; pe [h_kv, l, d]."""
+    cfg, d, h_kv = cache.cfg, cache.head_dim, cache.num_kv_heads
+    check_kernel_call(cache.device, cfg.block_size, "the decode kernels")
+    l = cfg.kernel_size
+    for name, t, shape in (("w_k", w_k, (h_kv, l * d, d)), ("w_v", w_v, (h_kv, l * d, d)), ("pe", pe, (h_kv, l, d))):
+        check_tensor(name, t, 3, KERNEL_DTYPES, cache.device)
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {list(shape)}, got {tuple(t.shape)}")
+    w_k, w_v, pe = w_k.contiguous(), w_v.contiguous(), pe.contiguous()
+    k_out = torch.empty((cache.batch, h_kv, d), dtype=cache.dtype, device=cache.device)
+    v_out = torch.empty_like(k_out)
+    kr, v = cache.k_recent, cache.v
+    block_n = min(64, next_pow2(max(d, 16))) if INTERPRET else min(128, next_pow2(max(d, 16)))
+    block_k = 64 if INTERPRET else 128
+    grid = (cache.batch, 2 * h_kv, triton.cdiv(d, block_n))
+    _compress_step_kernel[grid](
+        kr, v, cache.lengths, w_k, w_v, pe, k_out, v_out,
+        kr.stride(0), kr.stride(1), kr.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        w_k.stride(0), w_k.stride(1), pe.stride(0), k_out.stride(0), k_out.stride(1),
+        HEAD_DIM=d, L=l, S=cfg.kernel_stride, BLOCK_K=block_k, BLOCK_N=block_n,
+    )
+    return k_out, v_out
+
+
+def nsa_decode(
+    q: torch.Tensor,
+    cache: NSADecodeCache,
+    gate_logits: torch.Tensor,
+    scale: float | None = None,
+    splits: tuple[int, int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step's attention: (o [batch, h, d] in q's dtype, block_idx int32 [batch, h_kv, T]).
+
+    q [batch, h, d] after RoPE, in the cache's dtype and device; gate_logits [batch, h, 3]. The
+    new token is already appended (``lengths`` counts it). ``splits`` = (S_c, S_s, S_w) overrides
+    ``decode_splits`` (tests). Semantics: ``decode_reference.nsa_decode``.
+    """
+    cfg = cache.cfg
+    check_kernel_call(cache.device, cfg.block_size, "the decode kernels")
+    check_tensor("q", q, 3, (cache.dtype,), cache.device)
+    batch, h, d = q.shape
+    h_kv = cache.num_kv_heads
+    if batch != cache.batch or d != cache.head_dim or h % h_kv:
+        raise ValueError(f"q must be [batch={cache.batch}, h (a multiple of h_kv={h_kv}), d={cache.head_dim}], "
+                         f"got {tuple(q.shape)}")
+    g = h // h_kv
+    if g > MAX_GROUP:
+        raise ValueError(f"GQA group size g = h / h_kv = {g} exceeds {MAX_GROUP}")
+    check_tensor("gate_logits", gate_logits, 3, KERNEL_DTYPES, cache.device)
+    if tuple(gate_logits.shape) != (batch, h, 3):
+        raise ValueError(f"gate_logits must be [batch, h, 3] = {[batch, h, 3]}, got {tuple(gate_logits.shape)}")
+    q, gate_logits = q.contiguous(), gate_logits.contiguous()
+    s_c, s_s, s_w = splits or decode_splits(batch, h_kv, cache.capacity, cfg, cache.device)
+    scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    topk = cfg.topk
+    t_pad, bb = _score_tile(cfg)
+    dev, f32 = cache.device, torch.float32
+    o_c = torch.empty((batch, h, s_c, d), dtype=f32, device=dev)
+    lse_c = torch.empty((batch, h, s_c), dtype=f32, device=dev)
+    keys = torch.empty((batch, h_kv, s_s, t_pad), dtype=torch.int64, device=dev)
+    block_idx = torch.empty((batch, h_kv, topk), dtype=torch.int32, device=dev)
+    n_sw = topk + s_w
+    o_sw = torch.empty((batch, h, n_sw, d), dtype=f32, device=dev)
+    lse_sw = torch.empty((batch, h, n_sw), dtype=f32, device=dev)
+    out = torch.empty((batch, h, d), dtype=q.dtype, device=dev)
+
+    shape = {"G": g, "G_PAD": max(16, next_pow2(g)), "HEAD_DIM": d, "D_PAD": max(16, next_pow2(d)),
+             "DOT_PREC": dot_precision(q.dtype)}
+    block_n = 16 if INTERPRET else 64
+    warps = {} if INTERPRET else {"num_warps": 4}
+    qk = scale * LOG2E
+    kc, vc, lens = cache.k_cmp, cache.v_cmp, cache.lengths
+    _cmp_partial_kernel[(batch, h_kv, s_c)](
+        q, kc, vc, lens, o_c, lse_c, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
+        h, s_c, qk, L=cfg.kernel_size, S=cfg.kernel_stride, BLOCK_N=block_n, **shape, **warps,
+    )
+    _score_kernel[(batch, h_kv, s_s)](
+        q, kc, lens, lse_c, keys, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
+        h, h_kv, s_c, s_s, qk, L=cfg.kernel_size, S=cfg.kernel_stride, BS=cfg.block_size, T_P=t_pad, BB=bb,
+        SC_PAD=next_pow2(s_c), INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, **shape, **warps,
+    )
+    _topk_kernel[(batch * h_kv,)](keys, block_idx, s_s, T_P=t_pad, TOPK=topk, NK=next_pow2(s_s) * t_pad)
+    k, v = cache.k, cache.v
+    _sw_partial_kernel[(batch, h_kv, n_sw)](
+        q, k, v, lens, block_idx, o_sw, lse_sw, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
+        h, h_kv, s_w, qk, BS=cfg.block_size, TOPK=topk, WINDOW=cfg.window_size, BLOCK_N=block_n, **shape, **warps,
+    )
+    _combine_kernel[(batch * h,)](
+        o_c, lse_c, o_sw, lse_sw, gate_logits, out, s_c, n_sw, HEAD_DIM=d, D_PAD=shape["D_PAD"], TOPK=topk,
+        SC_PAD=next_pow2(s_c), T_PAD=next_pow2(topk), SW_PAD=next_pow2(n_sw),
+    )
+    return out, block_idx

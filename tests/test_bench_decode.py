@@ -1,0 +1,58 @@
+"""The decode runner (fsalab.bench.decode): point expansion, CPU smoke rows of each op."""
+
+import pytest
+import torch
+
+from fsalab import results
+from fsalab.bench import decode, grid, kernel
+
+
+def _exp(name):
+    return grid.load_experiment(name, smoke=True)
+
+
+def test_published_grids_expand():
+    ops = {name: {p["op"] for p in grid.expand(grid.load_experiment(name))} for name in ("decode", "inference", "generate")}
+    assert ops == {"decode": {"decode_step"}, "inference": {"inference"}, "generate": {"generate"}}
+    table10 = grid.expand(grid.load_experiment("decode"))
+    assert {p["N"] for p in table10 if p["batch"] == 1} == {32768, 65536, 131072, 262144}
+    assert {p["batch"] for p in table10 if p["N"] == 65536} == {1, 8, 32}
+    assert {p["g"] for p in table10 if p["batch"] == 1} == {1, 4}
+    assert all(p["h_kv"] * p["g"] == 64 and p["d"] == 128 and p["steps"] >= 1024 for p in table10)
+    tables89 = grid.expand(grid.load_experiment("inference"))
+    assert {(p["g"], p["h_kv"]) for p in tables89} == {(1, 64), (2, 32), (4, 16), (8, 8)}
+    assert all(p["steps"] == 512 for p in tables89)
+
+
+@pytest.mark.parametrize("bad,match", [({"impl": "flashdecoding"}, "impl of op"), ({"op": "prefill"}, "op must be"),
+                                       ({"stesp": 3}, "unknown decode parameters")])
+def test_config_errors(bad, match):
+    exp = _exp("decode")
+    exp["grid"] = [{**exp["grid"][0], **{k: [v] for k, v in bad.items()}}]
+    with pytest.raises(ValueError, match=match):
+        grid.expand(exp)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter")
+def test_smoke_rows(tmp_path):
+    """Every smoke point of the three experiments gives a schema-valid row: ok and checked for the
+    NSA step (Triton and reference), SDPA and the ops inference / generate; unsupported for the
+    CUDA-only libraries (flash-attn, FlashInfer), installed or not."""
+    cpu = torch.device("cpu")
+    for name in ("decode", "inference", "generate"):
+        exp = _exp(name)
+        points = grid.expand(exp)
+        kernel.run_points(points, exp, cpu, tmp_path, "cpu-test", runner=decode.run_point)
+        rows = results.load_rows("cpu-test", name, tmp_path)  # schema-checked
+        assert len(rows) == len(points)
+        for row in rows:
+            cuda_only = row["impl"] in ("flash_attn", "flashinfer")
+            assert row["status"] == ("unsupported" if cuda_only else "ok"), row["message"]
+            if row["status"] == "ok":
+                assert row["check"]["status"] == "pass", row["check"]
+                assert row["median_ms"] > 0 and len(row["samples_ms"]) >= 1
+        if name == "generate":
+            assert all(r["tokens_per_s"] > 0 for r in rows)
+        if name == "inference":
+            assert all(r["median_ms"] > r["prefill_ms"] for r in rows)
+

@@ -20,6 +20,8 @@ import pandas as pd
 import yaml
 
 from . import data
+from .bench.decode_points import DEFAULTS as DECODE_DEFAULTS
+from .bench.decode_points import OPS as DECODE_OPS
 from .bench.grid import known_experiments, load_schema, validate
 from .bench.points import E2E_OPS, e2e_base, point_hash
 from .bench.repo import repo_root
@@ -182,6 +184,8 @@ def point_of_row(row: dict, stem: str) -> dict:
         if isinstance(row.get("split"), dict):  # rows before split_parts stored the times under split
             p["split"] = any(k.startswith("attention") for k in row["split"])
         return p
+    if row.get("op") in DECODE_OPS:  # the decode runner's own parameters (bench.decode_points)
+        return {**DECODE_DEFAULTS, **{k: row[k] for k in (*DECODE_DEFAULTS, "op", "impl", "N") if row.get(k) is not None}}
     keys = [k for k in schema["$defs"]["params"]["properties"] if k not in ("label", "cost_model")]
     params_schema = {"$defs": schema["$defs"], **schema["$defs"]["params"]}
     return validate({k: row[k] for k in keys if k in row and row[k] is not None}, params_schema, stem)

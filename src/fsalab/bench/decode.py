@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import time
-import traceback
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +34,7 @@ from ..checks import value_checks_off
 from .decode_points import NSA_IMPLS
 from .points import DTYPES, nsa_config
 from .provenance import detect_platform, provenance
-from .rows import Unsupported, classify, kernel_row
+from .rows import Unsupported, fail_row, kernel_row
 from .timing import capture_graph, measure
 
 
@@ -357,13 +356,8 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
         if device.type == "cuda":
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         row["status"] = "ok"
-    except Unsupported as exc:
-        row["status"], row["message"] = "unsupported", str(exc)[:2000]
-    except Exception as exc:  # noqa: BLE001 - every failure of a point becomes a row
-        row["status"] = classify(exc)
-        row["message"] = f"{type(exc).__name__}: {exc}"[:4000]
-        if row["status"] == "error":
-            row["traceback"] = traceback.format_exc()[-4000:]
+    except Exception as exc:  # noqa: BLE001 - every failure of a point becomes a row (Unsupported: unsupported)
+        fail_row(row, exc)
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -32,8 +32,8 @@ import time
 import torch
 
 from .ops import direction_callable
-from .provenance import detect_platform, provenance
-from .rows import classify, kernel_row
+from .provenance import detect_platform
+from .rows import fail_row, finish_row, kernel_row
 
 RESULT_TAG = "FSALAB_COMPILE_RESULT "
 
@@ -97,11 +97,8 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
                    timing={"method": "first_call", "repeats": repeats, "device": device.type},
                    check={"status": "skipped"}, status="ok")
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row
-        row["status"] = classify(exc)
-        row["message"] = f"{type(exc).__name__}: {exc}"[:4000]
-    row["elapsed_s"] = round(time.time() - started, 3)
-    row["provenance"] = provenance()
-    return row
+        fail_row(row, exc)
+    return finish_row(row, started)
 
 
 if __name__ == "__main__":

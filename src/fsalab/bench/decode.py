@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from ..checks import value_checks_off
 from .decode_points import NSA_IMPLS
 from .points import DTYPES, nsa_config
-from .provenance import detect_platform, provenance
-from .rows import Unsupported, fail_row, kernel_row
+from .provenance import detect_platform
+from .rows import Unsupported, fail_row, finish_row, kernel_row
 from .timing import capture_graph, measure
 
 
@@ -361,6 +361,4 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    row["elapsed_s"] = round(time.time() - started, 3)
-    row["provenance"] = provenance()
-    return row
+    return finish_row(row, started)

@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from .. import theory
-from .provenance import detect_platform, provenance
-from .rows import fail_row, kernel_row
+from .provenance import detect_platform
+from .rows import fail_row, finish_row, kernel_row
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 # Nsight Compute versions spell units either way ("nsecond" / "ns", "Kbyte" / "KB").
@@ -134,9 +134,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
                    check={"status": "skipped"}, status="ok")
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row
         fail_row(row, exc)
-    row["elapsed_s"] = round(time.time() - started, 3)
-    row["provenance"] = provenance()
-    return row
+    return finish_row(row, started)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ from ..checks import value_checks_off
 from . import ops
 from .check import check
 from .inputs import attended_keys, input_key, make_inputs
-from .provenance import detect_platform, provenance
-from .rows import check_writable, fail_row, kernel_row, result_path, run_safely, write_row
+from .provenance import detect_platform
+from .rows import check_writable, fail_row, finish_row, kernel_row, result_path, run_safely, write_row
 from .timing import measure, peak_memory
 
 
@@ -67,9 +67,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    row["elapsed_s"] = round(time.time() - started, 3)
-    row["provenance"] = provenance()
-    return row
+    return finish_row(row, started)
 
 
 def run_points(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import traceback
 from pathlib import Path
 
@@ -97,6 +98,13 @@ def fail_row(row: dict, exc: BaseException) -> dict:
     row["message"] = f"{type(exc).__name__}: {exc}"[:4000]
     if row["status"] == "error":
         row["traceback"] = "".join(traceback.format_exception(exc))[-4000:]
+    return row
+
+
+def finish_row(row: dict, started: float) -> dict:
+    """``row`` with its wall time since ``started`` (``time.time()``) and its provenance."""
+    row["elapsed_s"] = round(time.time() - started, 3)
+    row["provenance"] = provenance()
     return row
 
 

@@ -8,7 +8,7 @@
 #   source scripts/gpu/setup_site.sh && bash scripts/gpu/run_gpu_tests.sh [CHUNKS] [PYTEST ARGS...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-chunks=${1:-4}
+chunks=${1:-6}
 shift $(( $# > 0 ? 1 : 0 ))
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" FSALAB_AUTOTUNE=0
 OUT=${OUT:-/tmp/out}

@@ -6,8 +6,8 @@
 #   bash scripts/gpu/run_grid.sh EXPERIMENT FILTER BUDGET_SECONDS [EXTRA RUNNER FLAGS...]
 # The runner follows the experiment: train, prefill and convergence have their own, dram runs
 # under Nsight Compute (fsalab bench-dram), compile times first calls (fsalab bench-compile), versus times groups side by side (fsalab
-# bench-versus; the filter picks groups), every other experiment is kernel-level timing
-# (fsalab bench-kernel).
+# bench-versus; the filter picks groups), decode, inference and generate run decode steps (fsalab
+# bench-decode), every other experiment is kernel-level timing (fsalab bench-kernel).
 set -uo pipefail
 exp=$1 filter=$2 budget=$3
 shift 3
@@ -16,6 +16,7 @@ case $exp in
   dram) runner=bench-dram ;;
   compile) runner=bench-compile ;;
   versus) runner=bench-versus ;;
+  decode|inference|generate) runner=bench-decode ;;
   *) runner=bench-kernel ;;
 esac
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"

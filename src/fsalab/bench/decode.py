@@ -103,6 +103,18 @@ def _sdpa(impl: str, q, k, v, causal: bool):
 # ---------------------------------------------------------------- decode_step
 
 
+def _sampler(seed: int, device: torch.device, dtype: torch.dtype):
+    """(generator, randn(*shape, scale=1.0)): standard normal draws made on ``device`` in
+    ``dtype`` (drawn on the host, a 128K-token point's inputs took tens of seconds to build)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        t = torch.randn(*shape, generator=gen, device=device, dtype=dtype)
+        return t if scale == 1.0 else t.mul_(scale)
+
+    return gen, randn
+
+
 def _random_cache(p: dict, device: torch.device, dtype: torch.dtype, capacity: int, gen: torch.Generator):
     """A cache of batch sequences with N cached tokens each, random contents (the step's cost
     does not depend on them; its selection comes from real scores over them)."""
@@ -111,7 +123,7 @@ def _random_cache(p: dict, device: torch.device, dtype: torch.dtype, capacity: i
     cfg = nsa_config(p)
     cache = NSADecodeCache.allocate(p["batch"], capacity, p["h_kv"], p["d"], cfg, dtype, device)
     for t in (cache.k, cache.v, cache.k_cmp, cache.v_cmp, cache.k_recent):
-        t.copy_(torch.randn(t.shape, generator=gen, device="cpu").to(dtype))
+        t.normal_(generator=gen)
     cache.lengths.fill_(p["N"])
     cache.filled = True
     return cache
@@ -122,11 +134,10 @@ def _nsa_step(p: dict, device: torch.device, dtype: torch.dtype, slack: int):
     on random inputs; rotation and projections are left out."""
     from ..ops import decode as dec
 
-    gen = torch.Generator().manual_seed(p["seed"])
+    gen, rnd = _sampler(p["seed"], device, dtype)
     cfg = nsa_config(p)
     b, h_kv, d, h = p["batch"], p["h_kv"], p["d"], p["h_kv"] * p["g"]
     cache = _random_cache(p, device, dtype, p["N"] + p["steps"] + slack, gen)
-    rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(device, dtype)  # noqa: E731
     q, k, v, gates = rnd(b, h, d), rnd(b, h_kv, d), rnd(b, h_kv, d), rnd(b, h, 3)
     w_k, w_v = (rnd(h_kv, cfg.kernel_size * d, d, scale=(cfg.kernel_size * d) ** -0.5) for _ in range(2))
     pe = rnd(h_kv, cfg.kernel_size, d, scale=0.02)
@@ -145,9 +156,8 @@ def _nsa_step(p: dict, device: torch.device, dtype: torch.dtype, slack: int):
 
 def _full_step(p: dict, device: torch.device, dtype: torch.dtype, slack: int):
     """step of a full-attention decode baseline over N cached tokens."""
-    gen = torch.Generator().manual_seed(p["seed"])
+    _, rnd = _sampler(p["seed"], device, dtype)
     b, h_kv, d, n, h = p["batch"], p["h_kv"], p["d"], p["N"], p["h_kv"] * p["g"]
-    rnd = lambda *s: torch.randn(*s, generator=gen).to(device, dtype)  # noqa: E731
     impl = p["impl"]
     if impl.startswith("sdpa"):
         if device.type != "cuda" and impl != "sdpa_math":
@@ -249,8 +259,7 @@ def _run_inference(p, exp, device, dtype, row):
 
     b, n, h_kv, d, h = p["batch"], p["N"], p["h_kv"], p["d"], p["h_kv"] * p["g"]
     timing = {"warmup": 1, "repeats": 3, **{k: v for k, v in exp.get("timing", {}).items() if k in ("warmup", "repeats")}}
-    gen = torch.Generator().manual_seed(p["seed"])
-    rnd = lambda *s: torch.randn(*s, generator=gen).to(device, dtype)  # noqa: E731
+    _, rnd = _sampler(p["seed"], device, dtype)
     if p["impl"] in NSA_IMPLS["inference"]:
         torch.manual_seed(p["seed"])
         module = NativeSparseAttention(h * d, h, h_kv, d, nsa_config(p), selection_impl=p["impl"],
@@ -312,8 +321,8 @@ def _run_generate(p, exp, device, dtype, row):
     lm.to_empty(device=device)
     configs.init_random_(lm, seed=p["seed"])
     lm.eval()
-    gen = torch.Generator().manual_seed(p["seed"])
-    ids = torch.randint(0, lm.config.vocab_size, (p["batch"], p["N"]), generator=gen).to(device)
+    gen = torch.Generator(device=device).manual_seed(p["seed"])
+    ids = torch.randint(0, lm.config.vocab_size, (p["batch"], p["N"]), generator=gen, device=device)
 
     def run(steps):
         with torch.inference_mode(), patch.attention_context(impl):

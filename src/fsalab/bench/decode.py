@@ -2,7 +2,7 @@
 
 - ``decode_step`` (FSA Table 10): one decode step of one attention layer at context N, mean step
   latency over ``steps`` generated tokens, replayed from a CUDA graph. fsalab's NSA step
-  (impl ``triton``: cache append, compression, the decode kernels; ``reference``: the fp32
+  (impl ``triton``: RoPE of q and k, cache append, compression, the decode kernels; ``reference``: the fp32
   PyTorch step, tiny sizes only) runs the real loop, its cache growing from N to N + steps.
   Full-attention decode baselines over a cache of N tokens: torch SDPA (``sdpa_flash``,
   ``sdpa_cudnn``, ``sdpa_math``; GQA through ``enable_gqa``; fixed context N, nothing
@@ -130,8 +130,9 @@ def _random_cache(p: dict, device: torch.device, dtype: torch.dtype, capacity: i
 
 
 def _nsa_step(p: dict, device: torch.device, dtype: torch.dtype, slack: int):
-    """(step, cache): one decode step of NSA attention (append, compression, attention, gates)
-    on random inputs; rotation and projections are left out."""
+    """(step, cache): one decode step of NSA attention (RoPE of q and k, append, compression,
+    attention, gates) on random inputs; the projections are left out."""
+    from ..modules.rope import rope_inv_freq
     from ..ops import decode as dec
 
     gen, rnd = _sampler(p["seed"], device, dtype)
@@ -141,16 +142,15 @@ def _nsa_step(p: dict, device: torch.device, dtype: torch.dtype, slack: int):
     q, k, v, gates = rnd(b, h, d), rnd(b, h_kv, d), rnd(b, h_kv, d), rnd(b, h, 3)
     w_k, w_v = (rnd(h_kv, cfg.kernel_size * d, d, scale=(cfg.kernel_size * d) ** -0.5) for _ in range(2))
     pe = rnd(h_kv, cfg.kernel_size, d, scale=0.02)
+    inv_freq = rope_inv_freq(d, 10000.0).to(device)
     ops = dec.decode_ops(p["impl"], device)
+    rotated = {}  # the last step's rotated q, for the check
 
     def step():
-        cache.append(k, k, v)
-        _, row = cache.new_compressed()
-        k_cmp, v_cmp = ops.compress_step(cache, w_k, w_v, pe)
-        cache.write_compressed(k_cmp, v_cmp, row)
-        return ops.nsa_decode(q, cache, gates)[0]
+        rotated["q"] = ops.append_token(cache, q, k, v, w_k, w_v, pe, inv_freq)
+        return ops.nsa_decode(rotated["q"], cache, gates)[0]
 
-    step.inputs, step.ops = (q, gates), ops  # for the check
+    step.inputs, step.ops = (rotated, gates), ops  # for the check
     return step, cache
 
 
@@ -214,7 +214,8 @@ def _check_step(p: dict, step, cache) -> dict:
         return {"status": "fail", "what": "finite output"}
     if cache is None:
         return {"status": "pass", "what": "finite output"}
-    q, gates = step.inputs
+    rotated, gates = step.inputs
+    q = rotated["q"]
     _, idx = step.ops.nsa_decode(q, cache, gates)
     try:
         expected, expected_idx = decode_reference.nsa_decode(q, cache, gates)
@@ -236,7 +237,7 @@ def _run_decode_step(p, exp, device, dtype, row):
     if p["impl"] in NSA_IMPLS["decode_step"]:
         step, cache = _nsa_step(p, device, dtype, slack)
         row["cache_bytes"] = cache.nbytes
-        row["scope"] = "NSA decode step: cache append, compression, attention, gates; context N -> N + steps"
+        row["scope"] = "NSA decode step: RoPE of q and k, cache append, compression, attention, gates; context N -> N + steps"
     else:
         step, scope = _full_step(p, device, dtype, slack)
         row["scope"] = f"full-attention decode: {scope}"
@@ -254,7 +255,6 @@ def _run_decode_step(p, exp, device, dtype, row):
 
 def _run_inference(p, exp, device, dtype, row):
     from ..modules import NativeSparseAttention
-    from ..modules.rope import apply_rope
     from ..testing import cu_seqlens_of
 
     b, n, h_kv, d, h = p["batch"], p["N"], p["h_kv"], p["d"], p["h_kv"] * p["g"]
@@ -275,7 +275,7 @@ def _run_inference(p, exp, device, dtype, row):
 
         def step():
             with torch.no_grad():
-                return module.attend_decode(qd, kd, vd, xd, cache, lambda t, pos: apply_rope(t, pos, module.inv_freq))
+                return module.attend_decode(qd, kd, vd, xd, cache)
 
         scope = "NSA: attend (prefill, fills the cache) + attend_decode steps; projections excluded"
     else:

@@ -145,8 +145,9 @@ class NSAAttentionAdapter(nn.Module):
     ) -> None:
         super().__init__()
         config = hf_attn.config
-        # The model's rotary embedding (not a submodule: the model owns it); decode rotates the
-        # compressed keys, whose positions HF's position_embeddings of the new token do not cover.
+        # The model's rotary embedding (not a submodule: the model owns it); decode rotates q, k
+        # and the compressed keys (whose positions HF's position_embeddings of the new token do
+        # not cover) from its inv_freq and attention_scaling.
         self._rotary = [rotary]
         self.layer_idx = hf_attn.layer_idx
         self.head_dim = hf_attn.head_dim
@@ -232,11 +233,11 @@ class NSAAttentionAdapter(nn.Module):
         k = nsa.k_proj(x).view(batch, h_kv, d)
         v = nsa.v_proj(x).view(batch, h_kv, d)
 
-        def rot(t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            cos, sin = self._rotary[0](t, positions[None])
-            return rotate(t, cos[0], sin[0])
-
-        o = nsa.attend_decode(q, k, v, x, layer.nsa, rot)
+        # HF's rotary parameters, read at every step; the decode step computes cos/sin from them
+        # inside its kernels. HF takes inv_freq to fp32 too when a cast of the model rounded it.
+        rotary = self._rotary[0]
+        inv_freq = rotary.inv_freq if rotary.inv_freq.dtype == torch.float32 else rotary.inv_freq.float()
+        o = nsa.attend_decode(q, k, v, x, layer.nsa, inv_freq, rotary.attention_scaling)
         layer.seen += 1
         return nsa.o_proj(o.reshape(batch, h * d)).view(batch, 1, hidden)
 

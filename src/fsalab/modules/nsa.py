@@ -232,7 +232,7 @@ class NativeSparseAttention(nn.Module):
         q = self.q_proj(x).view(batch, h, d)
         k = self.k_proj(x).view(batch, h_kv, d)
         v = self.v_proj(x).view(batch, h_kv, d)
-        o = self.attend_decode(q, k, v, x, cache, lambda t, pos: apply_rope(t, pos, self.inv_freq))
+        o = self.attend_decode(q, k, v, x, cache)
         return self.o_proj(o.reshape(batch, h * d))
 
     def attend_decode(
@@ -242,12 +242,15 @@ class NativeSparseAttention(nn.Module):
         v: torch.Tensor,
         x: torch.Tensor,
         cache: NSADecodeCache,
-        rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        inv_freq: torch.Tensor | None = None,
+        attention_scaling: float = 1.0,
     ) -> torch.Tensor:
         """``attend`` for one new token per sequence of ``cache``: q [batch, h, d], k/v
-        [batch, h_kv, d] projected, before RoPE; x [batch, hidden] feeds the gates.
-        ``rotate(t, positions)`` rotates row i of t to position ``positions[i]`` (int64).
-        Returns o [batch, h, d] (before the output projection).
+        [batch, h_kv, d] projected, before RoPE; x [batch, hidden] feeds the gates. RoPE at each
+        sequence's position from ``inv_freq`` (float32 [d / 2]; default: this module's) and
+        ``attention_scaling`` (the factor HF multiplies cos and sin by), computed inside the
+        step's kernels (``ops.decode.append_token``). Returns o [batch, h, d] (before the output
+        projection). Launches: ``append_token``'s two, the gate projection, ``nsa_decode``'s five.
         """
         if not isinstance(cache, NSADecodeCache):
             raise TypeError(f"cache must be an NSADecodeCache, got {type(cache).__name__}")
@@ -258,13 +261,9 @@ class NativeSparseAttention(nn.Module):
             raise ValueError(f"{batch} new tokens for a cache of batch {cache.batch}: one token per sequence")
         cache.check_step()
         ops = decode_ops(self.decode_impl, x.device)
-        pos = cache.lengths.long()
-        q = rotate(q, pos)
-        cache.append(rotate(k, pos), k, v)
-        _, row = cache.new_compressed()
-        k_cmp, v_cmp = ops.compress_step(cache, self.compress_k, self.compress_v, self.compress_pe)
-        window_start = (cache.lengths.long() - self.cfg.kernel_size).clamp(min=0)
-        cache.write_compressed(rotate(k_cmp, window_start), v_cmp, row)
+        inv_freq = self.inv_freq if inv_freq is None else inv_freq
+        q = ops.append_token(cache, q, k, v, self.compress_k, self.compress_v, self.compress_pe, inv_freq,
+                             attention_scaling)
         gates = self.gate_proj(x).view(batch, h, 3)
         o, _ = ops.nsa_decode(q, cache, gates)
         return o.to(q.dtype)

@@ -40,7 +40,7 @@ import triton.language as tl
 from ..checks import KERNEL_DTYPES, MAX_GROUP, check_kernel_call, check_tensor
 from .block_select import _KEY_NONE, _merge_topk
 from .decode_cache import NSADecodeCache
-from ._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, dot_precision, next_pow2
+from ._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, dot_precision, next_pow2, unit_last_stride
 
 DECODE_IMPLS = ("reference", "triton", "auto")
 
@@ -169,23 +169,84 @@ def _n_cmp(n, L: tl.constexpr, S: tl.constexpr):
 
 
 @triton.jit
+def _rope_factors(freq_ptr, pos, scaling, cc, c_ok):
+    """(cos, sin) fp32 of angle pos · inv_freq[cc], times HF's ``attention_scaling``: the
+    rotation of one position, one value per frequency cc of the half head dim."""
+    angle = pos.to(tl.float32) * tl.load(freq_ptr + cc, mask=c_ok, other=0.0)
+    return tl.cos(angle) * scaling, tl.sin(angle) * scaling
+
+
+@triton.jit
+def _rotate_rows(src, dst, rows, row_ok, s_src, s_dst, cos, sin, cc, c_ok, HALF: tl.constexpr):
+    """RoPE (rotate-half convention) of rows [R] of head-dim vectors, fp32, rounded once to dst's
+    dtype: dst[r] = (x1·cos − x2·sin, x2·cos + x1·sin) for the halves x1, x2 of src[r]."""
+    ok = row_ok[:, None] & c_ok[None, :]
+    at = src + rows[:, None] * s_src + cc[None, :]
+    x1 = tl.load(at, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(at + HALF, mask=ok, other=0.0).to(tl.float32)
+    out = dst + rows[:, None] * s_dst + cc[None, :]
+    tl.store(out, (x1 * cos[None, :] - x2 * sin[None, :]).to(dst.dtype.element_ty), mask=ok)
+    tl.store(out + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(dst.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _append_kernel(
+    q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, kr_ptr, len_ptr, freq_ptr, scaling,
+    s_qb, s_qh, s_kb, s_kh, s_ob, s_oh, s_cb, s_ct, s_ch, s_rb, s_rt, s_rh, capacity,
+    H: tl.constexpr, H_KV: tl.constexpr, H_PAD: tl.constexpr, HKV_PAD: tl.constexpr,
+    HALF: tl.constexpr, HALF_PAD: tl.constexpr, L: tl.constexpr,
+):
+    """Sequence b's new token at position n = lengths[b]: q rotated to qo; k rotated to the raw
+    cache's row n, v beside it, k un-rotated to ring slot n % l; lengths[b] = n + 1. One program
+    per sequence, the only one reading or writing lengths[b]. A full sequence (value checks off)
+    writes to the scratch row and slot and keeps its length."""
+    b = tl.program_id(0)
+    n = tl.load(len_ptr + b)
+    full = n >= capacity
+    at = tl.where(full, capacity, n).to(tl.int64)
+    slot = tl.where(full, L, n % L)
+    cc = tl.arange(0, HALF_PAD)
+    c_ok = cc < HALF
+    cos, sin = _rope_factors(freq_ptr, n, scaling, cc, c_ok)
+    hq = tl.arange(0, H_PAD)
+    _rotate_rows(q_ptr + b.to(tl.int64) * s_qb, qo_ptr + b.to(tl.int64) * s_ob, hq, hq < H, s_qh, s_oh,
+                 cos, sin, cc, c_ok, HALF)
+    hk = tl.arange(0, HKV_PAD)
+    hk_ok = hk < H_KV
+    k_in = k_ptr + b.to(tl.int64) * s_kb
+    row = b.to(tl.int64) * s_cb + at * s_ct
+    _rotate_rows(k_in, kc_ptr + row, hk, hk_ok, s_kh, s_ch, cos, sin, cc, c_ok, HALF)
+    dd = tl.arange(0, 2 * HALF_PAD)
+    ok = hk_ok[:, None] & (dd < 2 * HALF)[None, :]
+    k_plain = tl.load(k_in + hk[:, None] * s_kh + dd[None, :], mask=ok)
+    tl.store(kr_ptr + b.to(tl.int64) * s_rb + slot * s_rt + hk[:, None] * s_rh + dd[None, :], k_plain, mask=ok)
+    v = tl.load(v_ptr + b.to(tl.int64) * s_kb + hk[:, None] * s_kh + dd[None, :], mask=ok)
+    tl.store(vc_ptr + row + hk[:, None] * s_ch + dd[None, :], v, mask=ok)
+    tl.store(len_ptr + b, tl.where(full, n, n + 1))
+
+
+@triton.jit
 def _compress_step_kernel(
-    kr_ptr, v_ptr, len_ptr, wk_ptr, wv_ptr, pe_ptr, ko_ptr, vo_ptr,
-    s_rb, s_rt, s_rh, s_vb, s_vt, s_vh, s_wh, s_wx, s_ph, s_ob, s_oh,
-    HEAD_DIM: tl.constexpr, L: tl.constexpr, S: tl.constexpr,
+    kr_ptr, v_ptr, len_ptr, wk_ptr, wv_ptr, pe_ptr, freq_ptr, scaling, kc_ptr, vc_ptr,
+    s_rb, s_rt, s_rh, s_vb, s_vt, s_vh, s_wh, s_wx, s_ph, s_cb, s_ct, s_ch,
+    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, L: tl.constexpr, S: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """out[b, h, n0:n0+BLOCK_N] = flatten(x[n-l:n] (+ pe)) @ w[h] for the sequences whose length n
-    completes a compressed token; the others exit at once (no weight is read)."""
+    """For the sequences whose length n completes compressed token j = (n − l)/s: its columns
+    [n0, n0 + BLOCK_N) and the same columns of the second half, flatten(x[n−l:n] (+ pe)) @ w[h]
+    (NSA Eq. 7); the key rounded to the cache dtype, rotated at its window's first token n − l
+    and stored at k_cmp[b, j, h], the value at v_cmp[b, j, h]. The other sequences' programs exit
+    at once (no weight is read). A program computes both halves: RoPE pairs column c with c + d/2."""
     b = tl.program_id(0)
     h = tl.program_id(1) // 2
     is_v = tl.program_id(1) % 2
     n = tl.load(len_ptr + b)
     if (n >= L) & ((n - L) % S == 0):
         nn = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = nn < HEAD_DIM
+        n_ok = nn < HALF
         kk = tl.arange(0, BLOCK_K)
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
         for x0 in range(0, L * HEAD_DIM, BLOCK_K):
             xx = x0 + kk
             x_ok = xx < L * HEAD_DIM
@@ -201,14 +262,25 @@ def _compress_step_kernel(
                 # k + pe rounds once to the cache dtype, as prefill's compression does.
                 x = (x.to(tl.float32) + pe.to(tl.float32)).to(kr_ptr.dtype.element_ty)
                 w_ptr = wk_ptr
-            w = tl.load(w_ptr + h * s_wh + xx[:, None] * s_wx + nn[None, :], mask=x_ok[:, None] & n_ok[None, :], other=0.0)
-            w = w.to(kr_ptr.dtype.element_ty).to(tl.float32)
-            acc += tl.sum(x.to(tl.float32)[:, None] * w, axis=0)
+            w_at = w_ptr + h * s_wh + xx[:, None] * s_wx + nn[None, :]
+            w_ok = x_ok[:, None] & n_ok[None, :]
+            # The weights round to the cache dtype, as prefill's compression casts them.
+            w1 = tl.load(w_at, mask=w_ok, other=0.0).to(kr_ptr.dtype.element_ty).to(tl.float32)
+            w2 = tl.load(w_at + HALF, mask=w_ok, other=0.0).to(kr_ptr.dtype.element_ty).to(tl.float32)
+            x = x.to(tl.float32)[:, None]
+            acc1 += tl.sum(x * w1, axis=0)
+            acc2 += tl.sum(x * w2, axis=0)
+        out = b.to(tl.int64) * s_cb + ((n - L) // S).to(tl.int64) * s_ct + h * s_ch + nn
         if is_v == 1:
-            o_ptr = vo_ptr
+            tl.store(vc_ptr + out, acc1.to(vc_ptr.dtype.element_ty), mask=n_ok)
+            tl.store(vc_ptr + out + HALF, acc2.to(vc_ptr.dtype.element_ty), mask=n_ok)
         else:
-            o_ptr = ko_ptr
-        tl.store(o_ptr + b.to(tl.int64) * s_ob + h * s_oh + nn, acc.to(o_ptr.dtype.element_ty), mask=n_ok)
+            # The key rounds to the cache dtype before its rotation, as prefill's compressed keys do.
+            x1 = acc1.to(kc_ptr.dtype.element_ty).to(tl.float32)
+            x2 = acc2.to(kc_ptr.dtype.element_ty).to(tl.float32)
+            cos, sin = _rope_factors(freq_ptr, n - L, scaling, nn, n_ok)
+            tl.store(kc_ptr + out, (x1 * cos - x2 * sin).to(kc_ptr.dtype.element_ty), mask=n_ok)
+            tl.store(kc_ptr + out + HALF, (x2 * cos + x1 * sin).to(kc_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
@@ -373,34 +445,56 @@ def _merged(o_ptr, lse_ptr, lo, hi, dd, d_ok, HEAD_DIM: tl.constexpr, S_PAD: tl.
 # ----------------------------------------------------------------------------------------------
 
 
-def compress_step(
-    cache: NSADecodeCache, w_k: torch.Tensor, w_v: torch.Tensor, pe: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each sequence's compressed token over its last l raw tokens (NSA Eq. 7), before RoPE:
-    (k_cmp, v_cmp) [batch, h_kv, d] in the cache dtype, written only where the cache's length
-    completes a compressed token (the other rows are unwritten: the cache sends them to its
-    scratch row). w_k, w_v [h_kv, l*d, d]; pe [h_kv, l, d]."""
+def append_token(
+    cache: NSADecodeCache,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w_k: torch.Tensor,
+    w_v: torch.Tensor,
+    pe: torch.Tensor,
+    inv_freq: torch.Tensor,
+    attention_scaling: float = 1.0,
+) -> torch.Tensor:
+    """A decode step's bookkeeping in two launches; returns q rotated, [batch, h, d].
+
+    Sequence b's new token sits at position n = lengths[b]: q [batch, h, d] and k [batch, h_kv, d]
+    (projected, before RoPE) are rotated there, k and v appended to the raw cache, k before RoPE
+    to the ring of recent keys, lengths advanced (``_append_kernel``, one program per sequence);
+    then, where n + 1 completes a compressed token, the token (NSA Eq. 7 with w_k, w_v
+    [h_kv, l*d, d] and pe [h_kv, l, d]) is computed, its key rotated at its window's first token,
+    and both stored (``_compress_step_kernel``). RoPE: cos/sin of position · inv_freq (float32
+    [d/2], HF's ``rotary_emb.inv_freq``) in fp32, times ``attention_scaling``, applied in fp32
+    and rounded once (HF rounds cos/sin to the activation dtype first: the two differ by the
+    dtype's rounding). Semantics: ``decode_reference.append_token``. Call ``cache.check_step``
+    first (the module's decode does).
+    """
     cfg, d, h_kv = cache.cfg, cache.head_dim, cache.num_kv_heads
     check_kernel_call(cache.device, cfg.block_size, "the decode kernels")
-    l = cfg.kernel_size
-    for name, t, shape in (("w_k", w_k, (h_kv, l * d, d)), ("w_v", w_v, (h_kv, l * d, d)), ("pe", pe, (h_kv, l, d))):
-        check_tensor(name, t, 3, KERNEL_DTYPES, cache.device)
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name} must have shape {list(shape)}, got {tuple(t.shape)}")
+    cache.check_token(q, k, v, w_k, w_v, pe, inv_freq)
+    q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
     w_k, w_v, pe = w_k.contiguous(), w_v.contiguous(), pe.contiguous()
-    k_out = torch.empty((cache.batch, h_kv, d), dtype=cache.dtype, device=cache.device)
-    v_out = torch.empty_like(k_out)
-    kr, v = cache.k_recent, cache.v
-    block_n = min(64, next_pow2(max(d, 16))) if INTERPRET else min(128, next_pow2(max(d, 16)))
-    block_k = 64 if INTERPRET else 128
-    grid = (cache.batch, 2 * h_kv, triton.cdiv(d, block_n))
-    _compress_step_kernel[grid](
-        kr, v, cache.lengths, w_k, w_v, pe, k_out, v_out,
-        kr.stride(0), kr.stride(1), kr.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        w_k.stride(0), w_k.stride(1), pe.stride(0), k_out.stride(0), k_out.stride(1),
-        HEAD_DIM=d, L=l, S=cfg.kernel_stride, BLOCK_K=block_k, BLOCK_N=block_n,
+    batch, h, _ = q.shape
+    q_rot = torch.empty((batch, h, d), dtype=q.dtype, device=q.device)
+    kc, vc, kr = cache.k, cache.v, cache.k_recent
+    half = d // 2
+    _append_kernel[(batch,)](
+        q, k, v, q_rot, kc, vc, kr, cache.lengths, inv_freq, float(attention_scaling),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_rot.stride(0), q_rot.stride(1),
+        kc.stride(0), kc.stride(1), kc.stride(2), kr.stride(0), kr.stride(1), kr.stride(2), cache.capacity,
+        H=h, H_KV=h_kv, H_PAD=next_pow2(h), HKV_PAD=next_pow2(h_kv), HALF=half, HALF_PAD=next_pow2(half),
+        L=cfg.kernel_size,
     )
-    return k_out, v_out
+    block_n = min(64, next_pow2(max(half, 16)))
+    block_k = 64 if INTERPRET else 128
+    k_cmp = cache.k_cmp
+    _compress_step_kernel[(batch, 2 * h_kv, triton.cdiv(half, block_n))](
+        kr, vc, cache.lengths, w_k, w_v, pe, inv_freq, float(attention_scaling), k_cmp, cache.v_cmp,
+        kr.stride(0), kr.stride(1), kr.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
+        w_k.stride(0), w_k.stride(1), pe.stride(0), k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2),
+        HEAD_DIM=d, HALF=half, L=cfg.kernel_size, S=cfg.kernel_stride, BLOCK_K=block_k, BLOCK_N=block_n,
+    )
+    return q_rot
 
 
 def nsa_decode(

@@ -125,6 +125,28 @@ class NSADecodeCache:
         if tuple(t.shape) != want:
             raise ValueError(f"{name} must have shape {list(want)} (tokens, h_kv, d), got {tuple(t.shape)}")
 
+    def check_token(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
+        pe: torch.Tensor, inv_freq: torch.Tensor,
+    ) -> None:
+        """The arguments of a step's ``append_token`` (ops/decode.py): q [batch, h, d] (h a
+        multiple of h_kv), k, v [batch, h_kv, d] in the cache's dtype; w_k, w_v [h_kv, l*d, d],
+        pe [h_kv, l, d]; inv_freq float32 [d / 2]. Host-side only: reads no device value."""
+        d, h_kv, l = self.head_dim, self.num_kv_heads, self.cfg.kernel_size
+        check_tensor("q", q, 3, (self.dtype,), self.device)
+        if q.shape[0] != self.batch or q.shape[2] != d or q.shape[1] % h_kv:
+            raise ValueError(f"q must be [batch={self.batch}, h (a multiple of h_kv={h_kv}), d={d}], got {tuple(q.shape)}")
+        self.check_kv("k", k)
+        self.check_kv("v", v)
+        for name, t, shape in (("w_k", w_k, (h_kv, l * d, d)), ("w_v", w_v, (h_kv, l * d, d)), ("pe", pe, (h_kv, l, d))):
+            check_tensor(name, t, 3, KERNEL_DTYPES + (torch.float64,), self.device)
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name} must have shape {list(shape)}, got {tuple(t.shape)}")
+        check_tensor("inv_freq", inv_freq, 1, (torch.float32,), self.device)
+        if d % 2 or inv_freq.shape[0] != d // 2:
+            raise ValueError(f"inv_freq must be float32 [head_dim // 2 = {d // 2}] (RoPE needs an even head_dim), "
+                             f"got {tuple(inv_freq.shape)}")
+
     def fill(
         self,
         k: torch.Tensor,

@@ -33,6 +33,47 @@ def compress_step(
     return k_cmp.to(cache.dtype), v_cmp.to(cache.dtype)
 
 
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0) -> torch.Tensor:
+    """RoPE (rotate-half) of x [tokens, heads, d] at int positions [tokens], computed in fp32 (fp64
+    for fp64 x) from the fp32 angles position · inv_freq and rounded once to x's dtype: the
+    decode kernels' rounding (``modules.rope.apply_rope``, like HF, rounds cos/sin first)."""
+    dt = _compute_dtype(x)
+    angles = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]
+    cos = (torch.cos(angles.to(dt)) * attention_scaling)[:, None, :]
+    sin = (torch.sin(angles.to(dt)) * attention_scaling)[:, None, :]
+    x1, x2 = x.to(dt).chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def append_token(
+    cache: NSADecodeCache,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w_k: torch.Tensor,
+    w_v: torch.Tensor,
+    pe: torch.Tensor,
+    inv_freq: torch.Tensor,
+    attention_scaling: float = 1.0,
+) -> torch.Tensor:
+    """A decode step's bookkeeping, op by op; returns q rotated [batch, h, d].
+
+    q [batch, h, d] and k [batch, h_kv, d] (before RoPE) are rotated at position lengths[b]; k, k
+    before RoPE and v appended (``NSADecodeCache.append``, lengths advanced); where the new length
+    completes a compressed token, it is computed (``compress_step``), its key rotated at its
+    window's first token and both stored (``write_compressed``). RoPE: ``rope``.
+    """
+    cache.check_token(q, k, v, w_k, w_v, pe, inv_freq)
+    pos = cache.lengths.long()
+    q_rot = rope(q, pos, inv_freq, attention_scaling)
+    cache.append(rope(k, pos, inv_freq, attention_scaling), k, v)
+    _, row = cache.new_compressed()
+    k_cmp, v_cmp = compress_step(cache, w_k, w_v, pe)
+    window_start = (cache.lengths.long() - cache.cfg.kernel_size).clamp(min=0)
+    cache.write_compressed(rope(k_cmp, window_start, inv_freq, attention_scaling), v_cmp, row)
+    return q_rot
+
+
 def _overlap_weights(rows: int, num_blocks: int, cfg: NSAConfig, device: torch.device) -> torch.Tensor:
     """W [rows, num_blocks]: strides of compressed token j's window inside block b."""
     s, l, bs = cfg.kernel_stride, cfg.kernel_size, cfg.block_size

@@ -18,7 +18,7 @@ Every kernel of ops/ is reached (nsa's dk/dv segment merge through g = 16; the d
 kernels through one decode step per (d, g)). Exit status 1 when
 any launch fails; prints one line per kernel.
 
-    python scripts/check_sm90_compile.py [--jobs 2]
+    python scripts/check_sm90_compile.py [--jobs 2] [--part all|prefill|decode]
 """
 
 from __future__ import annotations
@@ -38,8 +38,12 @@ def _is_constexpr(annotation) -> bool:
     return "constexpr" in (annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation)))
 
 
-def record() -> list[dict]:
-    """Launches of the module's forward and backward under the interpreter, deduplicated."""
+PARTS = ("all", "prefill", "decode")
+
+
+def record(part: str = "all") -> list[dict]:
+    """Launches under the interpreter, deduplicated: the module's forward and backward (part
+    "prefill"), its decode step (part "decode"), or both ("all")."""
     os.environ["TRITON_INTERPRET"] = "1"
     import torch
     from triton.runtime.jit import mangle_type
@@ -73,7 +77,7 @@ def record() -> list[dict]:
         # (impl, head dim, g) over 2 KV heads: the models' g = 4 and 5 at d 64 and 128, and the
         # extremes of the tested range (d 256 with g 1, g 16).
         cases = [(i, d, g) for i in ours for d, g in ((64, 4), (128, 5))] + [("fsa", 256, 1), ("nsa", 64, 16)]
-        for impl, d, g in cases:
+        for impl, d, g in cases if part != "decode" else ():
             torch.manual_seed(0)
             heads = 2 * g
             module = NativeSparseAttention(d * heads, heads, 2, head_dim=d, config=cfg, selection_impl=impl,
@@ -81,13 +85,14 @@ def record() -> list[dict]:
                                            dtype=torch.float16)
             x = torch.randn(sum(lengths), d * heads, dtype=torch.float16, requires_grad=True)
             module(x, cu_seqlens_of(lengths)).float().square().mean().backward()
-        record_decode(cfg, lengths, {(d, g) for _, d, g in cases})
+        if part != "prefill":
+            record_decode(cfg, lengths, {(d, g) for _, d, g in cases})
     return list(seen.values())
 
 
 def record_decode(cfg, lengths: list[int], shapes: set[tuple[int, int]]) -> None:
-    """One decode step (ops/decode.py: compression step and the five attention kernels) of a
-    module filled from a prefill of ``lengths``, per (d, g) in ``shapes``."""
+    """One decode step (ops/decode.py: ``append_token``'s two kernels and the five attention
+    kernels) of a module filled from a prefill of ``lengths``, per (d, g) in ``shapes``."""
     import torch
 
     from fsalab.modules import NativeSparseAttention
@@ -177,12 +182,14 @@ def compile_all(launches: list[dict], jobs: int) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--part", choices=PARTS, default="all",
+                    help="the launches to check: the module's forward and backward, its decode step, or both")
     ap.add_argument("--compile-from", help=argparse.SUPPRESS)  # internal: the second process
     args = ap.parse_args(argv)
     if args.compile_from:
         with open(args.compile_from) as fh:
             return 1 if compile_all(json.load(fh), args.jobs) else 0
-    launches = record()
+    launches = record(args.part)
     path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fsalab-sm90-launches-{os.getpid()}.json")
     with open(path, "w") as fh:
         json.dump(launches, fh, default=str)

@@ -6,7 +6,6 @@ import torch
 
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
-from fsalab.modules.rope import apply_rope
 from fsalab.ops import decode, decode_reference
 from fsalab.ops.decode_cache import NSADecodeCache
 from fsalab.ops.reference import native_precision
@@ -147,21 +146,91 @@ def test_step_lengths_live_on_device():
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_compress_step_matches_prefill_compression(impl):
+def test_step_stores_the_prefill_compressed_token(impl):
+    """Prefills of 7, 11 and 9 tokens; the step brings them to 8 and 12 (compressed tokens 0 and
+    1 completed) and 10 (none): the stored tokens equal those of a prefill of the longer
+    sequences, keys rotated at their window's start; no other row of k_cmp / v_cmp but the
+    scratch row changes."""
     cfg = TINY
     module = _module(cfg, 4, 2, 8, torch.float32, impl)
+    gen = torch.Generator().manual_seed(2)
+    xs = [torch.randn(n, module.hidden_size, generator=gen) for n in (8, 12, 10)]
     cache = module.new_cache(3, 32)
-    x = torch.randn(8 + 12 + 11, module.hidden_size)
-    module(x, cu_seqlens_of([8, 12, 11]), cache=cache)  # lengths 8, 12 complete a token; 11 does not
-    ops = decode.decode_ops(impl, torch.device("cpu"))
-    k_new, v_new = ops.compress_step(cache, module.compress_k, module.compress_v, module.compress_pe)
-    creates, row = cache.new_compressed()
-    assert creates.tolist() == [True, True, False]
-    assert row.tolist()[:2] == [0, 1] and row[2] == cache.k_cmp.shape[1] - 1  # scratch
-    # The prefill's own compressed tokens j = 0 and 1 (stored rotated at their window's start).
-    k_rot = apply_rope(k_new[:2], torch.tensor([0, 4]), module.inv_freq)
-    torch.testing.assert_close(k_rot, cache.k_cmp[[0, 1], [0, 1]], atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(v_new[:2], cache.v_cmp[[0, 1], [0, 1]], atol=1e-6, rtol=1e-5)
+    module(torch.cat([x[:-1] for x in xs]), cu_seqlens_of([7, 11, 9]), cache=cache)
+    before = cache.k_cmp.clone(), cache.v_cmp.clone()
+    module.decode(torch.stack([x[-1] for x in xs]), cache)
+    full = module.new_cache(3, 32)
+    module(torch.cat(xs), cu_seqlens_of([8, 12, 10]), cache=full)
+    assert cache.lengths.tolist() == [8, 12, 10]
+    for b, j in ((0, 0), (1, 1)):
+        torch.testing.assert_close(cache.k_cmp[b, j], full.k_cmp[b, j], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(cache.v_cmp[b, j], full.v_cmp[b, j], atol=1e-6, rtol=1e-5)
+    written = torch.zeros(cache.k_cmp.shape[:2], dtype=torch.bool)
+    written[0, 0] = written[1, 1] = True
+    for now, old in zip((cache.k_cmp, cache.v_cmp), before):
+        assert torch.equal(now[:, :-1][~written[:, :-1]], old[:, :-1][~written[:, :-1]])
+
+
+def _token_inputs(cache, h, seed, dtype):
+    gen = torch.Generator().manual_seed(seed)
+    batch, h_kv, d, l = cache.batch, cache.num_kv_heads, cache.head_dim, cache.cfg.kernel_size
+    rnd = lambda *s: torch.randn(*s, generator=gen).to(dtype)  # noqa: E731
+    q, k, v = rnd(batch, h, d), rnd(batch, h_kv, d), rnd(batch, h_kv, d)
+    w_k, w_v = (rnd(h_kv, l * d, d) / (l * d) ** 0.5 for _ in range(2))
+    return q, k, v, w_k, w_v, rnd(h_kv, l, d) * 0.02
+
+
+@INTERPRETED
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("scaling", [1.0, 1.25])
+def test_append_token_matches_reference(dtype, scaling, monkeypatch):
+    """The two Triton launches against the op-by-op reference on one cache state: lengths 7
+    (completes compressed token 0), 11 (token 1 at window start 4), 20 (none), 24 (full: the
+    token goes to scratch and the length stays, value checks off), position 2000 in a second
+    case (large angles). q and every cache tensor but the scratch rows within the dtype's
+    rounding (fp32: up to the last bits of cos/sin); NaN-poisoned q output."""
+    from fsalab.modules.rope import rope_inv_freq
+
+    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+    h_kv, d, g = 2, 12, 3
+    inv_freq = rope_inv_freq(d, 10000.0)
+    for lengths, capacity in (([7, 11, 20, 24], 24), ([1999, 5], 2048)):
+        cache, _ = _random_cache(TINY, lengths, h_kv, d, dtype, capacity=capacity, seed=len(lengths))
+        twin = NSADecodeCache(*(t.clone() for t in _snapshot(cache)), TINY, True)
+        args = _token_inputs(cache, h_kv * g, 5, dtype)
+        with poisoned_allocations():
+            q_rot = decode.append_token(cache, *args, inv_freq, scaling)
+        expected = decode_reference.append_token(twin, *args, inv_freq, scaling)
+        tol = {"atol": 2e-6, "rtol": 2e-6} if dtype == torch.float32 else {"atol": 2e-3, "rtol": 2e-3}
+        torch.testing.assert_close(q_rot, expected, **tol)
+        assert torch.equal(cache.lengths, twin.lengths)
+        assert cache.lengths.tolist()[:1] == [lengths[0] + 1]
+        for name, a, b in zip(("k", "v", "k_cmp", "v_cmp", "k_recent"), _snapshot(cache), _snapshot(twin)):
+            # Scratch rows aside: the reference sends unwanted writes there, the kernels skip them.
+            torch.testing.assert_close(a[:, :-1], b[:, :-1], **tol, msg=lambda m: f"{name}: {m}")
+
+
+@INTERPRETED
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_append_token_rope_equals_the_module_rope(dtype):
+    """The kernel's RoPE (fp32 cos/sin, one rounding) against the exact rotation of the same fp32
+    angles, within twice the error of the module's / HF's (cos/sin rounded to the dtype first),
+    positions up to 2^17 with Llama-3 frequencies."""
+    from fsalab.modules.rope import apply_rope, rope_inv_freq
+
+    d = 16
+    inv_freq = rope_inv_freq(d, 500000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    lengths = [3, 100, 4097, 131071]
+    cache = NSADecodeCache.allocate(4, 131072, 1, d, TINY, dtype, "cpu")
+    cache.lengths.copy_(torch.tensor(lengths, dtype=torch.int32))
+    cache.filled = True
+    q, k, v, w_k, w_v, pe = _token_inputs(cache, 4, 7, dtype)
+    q_rot = decode.append_token(cache, q, k, v, w_k, w_v, pe, inv_freq)
+    pos = torch.tensor(lengths)
+    for name, actual, x in (("q", q_rot, q), ("k", cache.k[torch.arange(4), pos], k)):
+        exact = decode_reference.rope(x.double(), pos, inv_freq)
+        assert_close(actual, exact, apply_rope(x, pos, inv_freq), dtype=dtype, name=name)
 
 
 # ------------------------------------------------------------------------------------------
@@ -243,18 +312,19 @@ def test_cache_memory_and_layout():
 
 @INTERPRETED
 def test_step_launches(monkeypatch):
-    """The attention of a step is five launches (DESIGN §9), the compression step one; no aten op
-    between them (launch-bound at short contexts: each costs the host ~µs to enqueue)."""
+    """A step's bookkeeping is two launches, its attention five (DESIGN §9); no aten op between
+    them (launch-bound at short contexts: each costs the host ~µs to enqueue)."""
     from fsalab.testing import LaunchCounter
 
     monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
     module = _module(TINY, 4, 2, 8, torch.float16, "triton")
     cache, gen = _random_cache(TINY, [13, 40], 2, 8, torch.float16, capacity=48, seed=0)
-    q, gates = torch.randn(2, 4, 8, generator=gen).half(), torch.randn(2, 4, 3, generator=gen).half()
+    q, k, v = torch.randn(2, 4, 8, generator=gen).half(), *torch.randn(2, 2, 2, 8, generator=gen).half()
+    gates = torch.randn(2, 4, 3, generator=gen).half()
+    with LaunchCounter() as bookkeeping:
+        decode.append_token(cache, q, k, v, module.compress_k, module.compress_v, module.compress_pe, module.inv_freq)
     with LaunchCounter() as attention:
         decode.nsa_decode(q, cache, gates)
-    with LaunchCounter() as compression:
-        decode.compress_step(cache, module.compress_k, module.compress_v, module.compress_pe)
     kernels = ("_cmp_partial_kernel", "_score_kernel", "_topk_kernel", "_sw_partial_kernel", "_combine_kernel")
     assert dict(attention.counts) == {f"triton:{k}": 1 for k in kernels}
-    assert dict(compression.counts) == {"triton:_compress_step_kernel": 1}
+    assert dict(bookkeeping.counts) == {"triton:_append_kernel": 1, "triton:_compress_step_kernel": 1}

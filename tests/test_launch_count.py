@@ -69,3 +69,80 @@ def test_launches_per_nsa_attention_call(impl, monkeypatch, device):
         with LaunchCounter() as counter:
             fn()
         assert counter.total <= limit, dict(counter.counts)
+
+
+# A decode step of NSA attention (``attend_decode``: RoPE, append, compression, gate projection,
+# attention) is ``append_token``'s two Triton launches, the gate projection and ``nsa_decode``'s
+# five. Before the bookkeeping became two kernels it was ~85 launches (HF's rotary embedding called
+# three times, the cache's where / remainder / index_put_ chains, a separate compression launch).
+DECODE_STEP_LIMIT = 8
+# One decoder layer's attention in a patched model's decode forward: the above plus HF's q, k, v
+# and o projections (129 launches for a whole one-layer model's forward before, 56 after).
+DECODE_LAYER_LIMIT = DECODE_STEP_LIMIT + 4
+
+
+def _decode_ready_module(device):
+    from fsalab.config import NSAConfig
+    from fsalab.modules import NativeSparseAttention
+    from fsalab.testing import cu_seqlens_of
+
+    cfg = NSAConfig(kernel_size=8, kernel_stride=4, block_size=16, topk=2, init_blocks=1, local_blocks=1, window_size=8)
+    torch.manual_seed(0)
+    module = NativeSparseAttention(32, 4, 2, head_dim=8, config=cfg, decode_impl="triton", dtype=torch.float16,
+                                   device=device)
+    cache = module.new_cache(2, 48)
+    module(torch.randn(23, 32, dtype=torch.float16, device=device), cu_seqlens_of([20, 3], device), cache=cache)
+    return module, cache
+
+
+@torch.no_grad()
+def test_launches_per_decode_step(monkeypatch, device):
+    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+    module, cache = _decode_ready_module(device)
+    x = torch.randn(2, 32, dtype=torch.float16, device=device)
+    q, k, v = module.q_proj(x).view(2, 4, 8), module.k_proj(x).view(2, 2, 8), module.v_proj(x).view(2, 2, 8)
+    module.attend_decode(q, k, v, x, cache)  # outside the count: one-time work
+    with LaunchCounter() as counter:
+        module.attend_decode(q, k, v, x, cache)
+    assert counter.total <= DECODE_STEP_LIMIT, dict(counter.counts)
+    assert sum(n for name, n in counter.counts.items() if name.startswith("aten:")) == 1, dict(counter.counts)
+
+
+@torch.no_grad()
+def test_launches_per_patched_model_decode_layer(monkeypatch, device):
+    """Launches inside each decoder layer's attention during a patched Llama's decode forward
+    (through ``NSAModelCache``, as ``model.generate`` runs it)."""
+    pytest.importorskip("transformers")
+    from fsalab.config import NSAConfig
+    from fsalab.models import configs, patch
+    from fsalab.models.cache import NSAModelCache, cache_kwarg
+
+    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+    tiny = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "vocab_size": 64, "bos_token_id": None, "eos_token_id": None}
+    cfg = NSAConfig(kernel_size=8, kernel_stride=4, block_size=16, topk=2, init_blocks=1, local_blocks=1, window_size=8)
+    model = configs.build_model("llama3-8b", 2, device, torch.float16, **tiny)
+    patch.patch_model(model, "fsa", cfg)
+    configs.init_random_(model, seed=0, std=0.2)
+    for attn in patch.attention_modules(model):
+        attn.nsa.decode_impl = "triton"
+    model.eval()
+    cache = {cache_kwarg(model): NSAModelCache(model, 24)}
+    model(torch.randint(0, 64, (1, 9), device=device), **cache, use_cache=True)
+    token = torch.randint(0, 64, (1, 1), device=device)
+    model(token, **cache, use_cache=True)  # outside the count: one-time work
+    counters = []
+
+    def start(module, args, kwargs):
+        counters.append(LaunchCounter().__enter__())
+
+    def stop(module, args, kwargs, out):
+        counters[-1].__exit__(None, None, None)
+
+    for attn in patch.attention_modules(model):
+        attn.register_forward_pre_hook(start, with_kwargs=True)
+        attn.register_forward_hook(stop, with_kwargs=True)
+    model(token, **cache, use_cache=True)
+    assert len(counters) == 2
+    for counter in counters:
+        assert counter.total <= DECODE_LAYER_LIMIT, dict(counter.counts)

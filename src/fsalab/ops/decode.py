@@ -2,9 +2,26 @@
 
 The fp32 reference is ``ops/decode_reference.py`` (same function names and signatures).
 
-A step is five launches with static grids (a fixed batch and capacity give the same launches
-whatever the lengths, which live on device: CUDA-graph capturable, no host sync), plus
-``compress_step``'s launch, which exits at once for sequences that complete no compressed token:
+A step is seven launches with static grids (a fixed batch and capacity give the same launches
+whatever the lengths, which live on device: CUDA-graph capturable, no host sync). Two do the
+step's bookkeeping (``append_token``):
+
+a. ``_append_kernel`` (batch): RoPE of the new token's q (every head) and k at position
+   n = lengths[b], k and v appended to the raw cache, k before RoPE to the ring of recent keys,
+   lengths[b] advanced. One program per sequence: the only one that reads or writes lengths[b]
+   (programs of one grid are unordered, so a length read by several could be read advanced).
+b. ``_compress_step_kernel`` (batch, 2·h_kv, d/2 tiles): where the new length completes a
+   compressed token, its key or value (each program both halves of its columns, which RoPE
+   pairs), the key rotated at its window's first token, stored at k_cmp / v_cmp row j; the
+   other sequences' programs exit at once.
+
+RoPE in both: cos/sin of position · inv_freq (fp32 angles, HF's product), times HF's
+``attention_scaling``, through libdevice's ``cosf`` / ``sinf`` (full range reduction: angles
+reach 10^5 rad at long contexts), applied in fp32 and rounded once to the cache dtype. HF
+rounds cos/sin to the activation dtype before applying them, so the two differ by about one
+rounding of the dtype (bf16: ~2^-8 relative); tests/test_decode.py bounds it.
+
+The attention is five:
 
 1. ``_cmp_partial_kernel`` (batch, h_kv, S_c): compressed attention, the g query heads of a KV
    head as the MMA's rows; sequence b's n_cmp compressed tokens are cut into S_c ranges

@@ -26,7 +26,10 @@ so decode and prefill agree. Memory: 2·capacity·h_kv·d (raw) + 2·(capacity /
 
 Static shapes mean every sequence writes every step; a write that must not land (a sequence that
 completes no compressed token, a prefill padding row, a full sequence when value checks are off)
-goes to the scratch row instead of being filtered on the host. A full cache is reported before
+goes to the scratch row instead of being filtered on the host. The step's op-by-op methods here
+(``append``, ``new_compressed``, ``write_compressed``) serve the fp32 reference step
+(``decode_reference.append_token``); the Triton step does the same in two kernels
+(``decode.append_token``), which skip the compressed-token writes that must not land. A full cache is reported before
 anything is written (ValueError on CPU, a device-side assert on CUDA; ``FSALAB_VALUE_CHECKS=0``
 skips the check and the token goes to scratch), so a rejected call corrupts nothing.
 """

@@ -75,6 +75,36 @@ def test_step_matches_reference_bf16(batch, context):
 
 
 @pytest.mark.gpu
+def test_append_token_matches_reference_bf16():
+    """The step's two bookkeeping kernels against the op-by-op reference at Llama-3-8B's shapes
+    (h 32, h_kv 8, d 128, l 32, s 16, Llama-3 RoPE) on a ragged batch reaching position ~100K
+    (angles of 10^5 rad: libdevice's cosf/sinf): the new lengths complete compressed tokens in
+    three sequences, none in the fourth. Lengths equal; rotated q and every cache tensor outside
+    the scratch rows within bf16's rounding."""
+    from fsalab.modules.rope import rope_inv_freq
+
+    h_kv, g, d, l = 8, 4, 128, CFG.kernel_size
+    lengths = [100015, 31, 4111, 777]
+    cache, gen = _filled_cache(4, lengths, 100100, h_kv, d, torch.bfloat16)
+    cache.k_recent.copy_(torch.randn(cache.k_recent.shape, generator=gen).to(torch.bfloat16))
+    twin = NSADecodeCache(*(t.clone() for t in (cache.k, cache.v, cache.k_cmp, cache.v_cmp, cache.k_recent,
+                                                 cache.lengths)), CFG, True)
+    rnd = lambda *shape: torch.randn(*shape, generator=gen).to(CUDA, torch.bfloat16)  # noqa: E731
+    args = (rnd(4, h_kv * g, d), rnd(4, h_kv, d), rnd(4, h_kv, d), rnd(h_kv, l * d, d) / (l * d) ** 0.5,
+            rnd(h_kv, l * d, d) / (l * d) ** 0.5, rnd(h_kv, l, d) * 0.02)
+    inv_freq = rope_inv_freq(d, 500000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}).to(CUDA)
+    q_rot = decode.append_token(cache, *args, inv_freq)
+    expected = decode_reference.append_token(twin, *args, inv_freq)
+    assert torch.equal(cache.lengths, twin.lengths)
+    torch.testing.assert_close(q_rot, expected, atol=2e-2, rtol=2e-2)
+    for name, a, b in zip(("k", "v", "k_cmp", "v_cmp", "k_recent"),
+                          (cache.k, cache.v, cache.k_cmp, cache.v_cmp, cache.k_recent),
+                          (twin.k, twin.v, twin.k_cmp, twin.v_cmp, twin.k_recent)):
+        torch.testing.assert_close(a[:, :-1], b[:, :-1], atol=2e-2, rtol=2e-2, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.gpu
 def test_step_replays_from_a_cuda_graph_without_host_sync():
     """The whole module step (projections, RoPE, append, compression, kernels) captured once and
     replayed as a decode loop: outputs equal an eager loop from the same cache state, and the

@@ -66,7 +66,7 @@ _MIN_SPLIT_TOKENS = 64
 
 
 def decode_ops(impl: str, device: torch.device) -> ModuleType:
-    """The module providing ``compress_step`` and ``nsa_decode`` for ``impl`` on ``device``."""
+    """The module providing ``append_token`` and ``nsa_decode`` for ``impl`` on ``device``."""
     if impl not in DECODE_IMPLS:
         raise ValueError(f"decode impl must be one of {DECODE_IMPLS}, got {impl!r}")
     if impl == "reference" or (impl == "auto" and device.type != "cuda"):

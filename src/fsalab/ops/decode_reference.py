@@ -1,9 +1,10 @@
 """fp32 PyTorch reference of an NSA decode step (DESIGN §9); the source of truth for ``ops/decode.py``.
 
-One new token per sequence of an ``NSADecodeCache`` (already appended: its key and value are the
-last cached token, ``lengths`` counts it). Dense over the cache capacity with masks, so it is
-written independently of the prefill path that the tests compare it with; meant for tests and
-small shapes.
+One new token per sequence of an ``NSADecodeCache``: ``append_token`` rotates and appends it (and
+the compressed token it completes) op by op; ``nsa_decode`` attends with it (already appended:
+its key and value are the last cached token, ``lengths`` counts it), dense over the cache
+capacity with masks, so it is written independently of the prefill path that the tests compare
+it with; meant for tests and small shapes.
 """
 
 from __future__ import annotations

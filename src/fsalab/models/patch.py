@@ -8,7 +8,8 @@ Qwen2's q/k/v biases come along), applies Qwen3's per-head q/k RMSNorm before an
 HF's decoder passes in, and runs the three NSA branches and gates of
 ``fsalab.modules.NativeSparseAttention`` (its compression weights and gate projection are the
 only new parameters). Compression sees keys before RoPE; compressed keys are rotated with the
-cos/sin of their window's first token, as DESIGN §4 says.
+cos/sin of their window's first token, as DESIGN §4 says. Decode steps rotate inside the step's
+kernels, from the model's ``rotary_emb.inv_freq`` and ``attention_scaling`` (DESIGN §9).
 
 Full attention is not swapped: the model is built with ``attn_implementation_for(impl)``
 ("sdpa" or "flash_attention_2") and ``attention_context(impl)`` pins the SDPA backend

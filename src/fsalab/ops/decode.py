@@ -209,14 +209,15 @@ def _rotate_rows(src, dst, rows, row_ok, s_src, s_dst, cos, sin, cc, c_ok, HALF:
 @triton.jit
 def _append_kernel(
     q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, kr_ptr, len_ptr, freq_ptr, scaling,
-    s_qb, s_qh, s_kb, s_kh, s_ob, s_oh, s_cb, s_ct, s_ch, s_rb, s_rt, s_rh, capacity,
+    s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_ob, s_oh, s_cb, s_ct, s_ch, s_rb, s_rt, s_rh, capacity,
     H: tl.constexpr, H_KV: tl.constexpr, H_PAD: tl.constexpr, HKV_PAD: tl.constexpr,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, L: tl.constexpr,
 ):
     """Sequence b's new token at position n = lengths[b]: q rotated to qo; k rotated to the raw
     cache's row n, v beside it, k un-rotated to ring slot n % l; lengths[b] = n + 1. One program
     per sequence, the only one reading or writing lengths[b]. A full sequence (value checks off)
-    writes to the scratch row and slot and keeps its length."""
+    writes to the scratch row and slot and keeps its length. The cache's k and v share strides
+    (allocated alike, as the attention kernels assume)."""
     b = tl.program_id(0)
     n = tl.load(len_ptr + b)
     full = n >= capacity
@@ -237,7 +238,7 @@ def _append_kernel(
     ok = hk_ok[:, None] & (dd < 2 * HALF)[None, :]
     k_plain = tl.load(k_in + hk[:, None] * s_kh + dd[None, :], mask=ok)
     tl.store(kr_ptr + b.to(tl.int64) * s_rb + slot * s_rt + hk[:, None] * s_rh + dd[None, :], k_plain, mask=ok)
-    v = tl.load(v_ptr + b.to(tl.int64) * s_kb + hk[:, None] * s_kh + dd[None, :], mask=ok)
+    v = tl.load(v_ptr + b.to(tl.int64) * s_vb + hk[:, None] * s_vh + dd[None, :], mask=ok)
     tl.store(vc_ptr + row + hk[:, None] * s_ch + dd[None, :], v, mask=ok)
     tl.store(len_ptr + b, tl.where(full, n, n + 1))
 
@@ -497,7 +498,7 @@ def append_token(
     half = d // 2
     _append_kernel[(batch,)](
         q, k, v, q_rot, kc, vc, kr, cache.lengths, inv_freq, float(attention_scaling),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_rot.stride(0), q_rot.stride(1),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), q_rot.stride(0), q_rot.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), kr.stride(0), kr.stride(1), kr.stride(2), cache.capacity,
         H=h, H_KV=h_kv, H_PAD=next_pow2(h), HKV_PAD=next_pow2(h_kv), HALF=half, HALF_PAD=next_pow2(half),
         L=cfg.kernel_size,

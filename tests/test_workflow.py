@@ -62,10 +62,11 @@ def test_smoke_end_to_end(tmp_path):
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     plat = tmp_path / "results" / "cpu-interpret"
     for exp in ("theory", "kernel", "breakdown", "ablation", "buffers", "longctx", "compile", "train", "prefill",
-                "convergence", "versus"):
+                "convergence", "versus", "decode", "inference", "generate"):
         assert (plat / f"{exp}.csv").is_file()
     for fig in ("theory/figure2.png", "kernel/figure4_fwd.png", "breakdown/figure8.png", "ablation/figure9.png",
                 "buffers/table5.md", "longctx/tables6_7.md", "e2e/figure5.png", "e2e/figure6.png",
-                "e2e/figure10.png", "e2e/convergence.png", "versus/ratio_auto.png", "versus/versus_split.md"):
+                "e2e/figure10.png", "e2e/convergence.png", "versus/ratio_auto.png", "versus/versus_split.md",
+                "decode/table10.png", "decode/table9.md", "decode/decode_batch.md", "decode/generate.md"):
         assert (plat / "figures" / fig).is_file(), fig
     assert "| Theorem (§3.5) |" in (plat / "REPRODUCTION.md").read_text()

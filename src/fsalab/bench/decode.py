@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from ..checks import value_checks_off
 from .decode_points import NSA_IMPLS
+from .inputs import device_randn
 from .points import DTYPES, nsa_config
 from .provenance import detect_platform
 from .rows import Unsupported, fail_row, finish_row, kernel_row
@@ -103,18 +104,6 @@ def _sdpa(impl: str, q, k, v, causal: bool):
 # ---------------------------------------------------------------- decode_step
 
 
-def _sampler(seed: int, device: torch.device, dtype: torch.dtype):
-    """(generator, randn(*shape, scale=1.0)): standard normal draws made on ``device`` in
-    ``dtype`` (drawn on the host, a 128K-token point's inputs took tens of seconds to build)."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        t = torch.randn(*shape, generator=gen, device=device, dtype=dtype)
-        return t if scale == 1.0 else t.mul_(scale)
-
-    return gen, randn
-
-
 def _random_cache(p: dict, device: torch.device, dtype: torch.dtype, capacity: int, gen: torch.Generator):
     """A cache of batch sequences with N cached tokens each, random contents (the step's cost
     does not depend on them; its selection comes from real scores over them)."""
@@ -135,13 +124,13 @@ def _nsa_step(p: dict, device: torch.device, dtype: torch.dtype, slack: int):
     from ..modules.rope import rope_inv_freq
     from ..ops import decode as dec
 
-    gen, rnd = _sampler(p["seed"], device, dtype)
+    gen, rnd = device_randn(p["seed"], device, dtype)
     cfg = nsa_config(p)
     b, h_kv, d, h = p["batch"], p["h_kv"], p["d"], p["h_kv"] * p["g"]
     cache = _random_cache(p, device, dtype, p["N"] + p["steps"] + slack, gen)
     q, k, v, gates = rnd(b, h, d), rnd(b, h_kv, d), rnd(b, h_kv, d), rnd(b, h, 3)
-    w_k, w_v = (rnd(h_kv, cfg.kernel_size * d, d, scale=(cfg.kernel_size * d) ** -0.5) for _ in range(2))
-    pe = rnd(h_kv, cfg.kernel_size, d, scale=0.02)
+    w_k, w_v = (rnd(h_kv, cfg.kernel_size * d, d, std=(cfg.kernel_size * d) ** -0.5) for _ in range(2))
+    pe = rnd(h_kv, cfg.kernel_size, d, std=0.02)
     inv_freq = rope_inv_freq(d, 10000.0).to(device)
     ops = dec.decode_ops(p["impl"], device)
     rotated = {}  # the last step's rotated q, for the check
@@ -156,7 +145,7 @@ def _nsa_step(p: dict, device: torch.device, dtype: torch.dtype, slack: int):
 
 def _full_step(p: dict, device: torch.device, dtype: torch.dtype, slack: int):
     """step of a full-attention decode baseline over N cached tokens."""
-    _, rnd = _sampler(p["seed"], device, dtype)
+    _, rnd = device_randn(p["seed"], device, dtype)
     b, h_kv, d, n, h = p["batch"], p["h_kv"], p["d"], p["N"], p["h_kv"] * p["g"]
     impl = p["impl"]
     if impl.startswith("sdpa"):
@@ -259,7 +248,7 @@ def _run_inference(p, exp, device, dtype, row):
 
     b, n, h_kv, d, h = p["batch"], p["N"], p["h_kv"], p["d"], p["h_kv"] * p["g"]
     timing = {"warmup": 1, "repeats": 3, **{k: v for k, v in exp.get("timing", {}).items() if k in ("warmup", "repeats")}}
-    _, rnd = _sampler(p["seed"], device, dtype)
+    _, rnd = device_randn(p["seed"], device, dtype)
     if p["impl"] in NSA_IMPLS["inference"]:
         torch.manual_seed(p["seed"])
         module = NativeSparseAttention(h * d, h, h_kv, d, nsa_config(p), selection_impl=p["impl"],

@@ -98,15 +98,23 @@ def make_inputs(p: dict, device: torch.device, need_indices: bool = True) -> Inp
     return _last[1]
 
 
+def device_randn(seed: int, device: torch.device, dtype: torch.dtype):
+    """(generator, randn(*shape, std=1.0)): normal draws made on ``device`` in fp32 and cast to
+    ``dtype``, seeded by ``seed`` (host draws of a 128K-token point took tens of seconds)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape: int, std: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
+
+    return gen, randn
+
+
 def _build_inputs(p: dict, device: torch.device, need_indices: bool) -> Inputs:
     dtype = DTYPES[p["dtype"]]
     cfg = nsa_config(p)
     h_kv, g, d, n, batch = p["h_kv"], p["g"], p["d"], p["N"], p["batch"]
     h, total, l = h_kv * g, n * batch, cfg.kernel_size
-    gen = torch.Generator(device=device).manual_seed(p["seed"])
-
-    def randn(*shape: int, std: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
+    _, randn = device_randn(p["seed"], device, dtype)
 
     tensors = {
         "q": randn(total, h, d),

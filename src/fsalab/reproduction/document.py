@@ -279,6 +279,44 @@ def _versus_block(t: Tables) -> list[str]:
     return [*rows, "", f"(`results/{t.platform}/versus.csv`, rows of commits {', '.join(m.commits_of(auto))})"]
 
 
+def _decode_block(t: Tables) -> list[str]:
+    """One decode step at batch 1 per context and g against the fastest full-attention decode,
+    then one sentence on the batch rows and one on Table 9's inference cells."""
+    ok = results.ok(t("decode"))
+    ok = ok[ok["op"] == "decode_step"] if len(ok) else ok
+    if ok.empty:
+        return ["(no decode results)", ""]
+
+    def nsa_and_best(at: pd.DataFrame):
+        nsa, full = at[at["impl"] == "triton"], at[at["impl"] != "triton"]
+        return (None, None) if nsa.empty or full.empty else (nsa["median_ms"].min(), full.loc[full["median_ms"].idxmin()])
+
+    rows = ["| context | g (KV heads) | NSA step ms | fastest full-attention decode ms | ratio |", "|---|---|---|---|---|"]
+    for (g, n), at in ok[ok["batch"] == 1].groupby(["g", "N"]):
+        nsa, best = nsa_and_best(at)
+        if nsa is not None:
+            rows.append(f"| {n // 1024}K | {g} ({int(at['h_kv'].iloc[0])}) | {fmt(nsa)} | {fmt(best['median_ms'])} "
+                        f"({best['impl']}) | {best['median_ms'] / nsa:.2f}× |")
+    text = []
+    for (g, n), at in ok[ok["batch"] > 1].groupby(["g", "N"]):
+        parts = []
+        for b, sub in at.groupby("batch"):
+            nsa, best = nsa_and_best(sub)
+            if nsa is not None:
+                parts.append(f"batch {b} {fmt(nsa)} ms ({best['median_ms'] / nsa:.2f}×)")
+        if parts:
+            text.append(f"At {n // 1024}K, g = {g}: " + ", ".join(parts) + ".")
+    inf = t("inference")
+    keys = [k for k in ("N", "g", "block_size", "topk") if k in inf]
+    vs_nsa, vs_full = m.impl_ratio(inf, keys, "median_ms", "nsa"), m.impl_ratio(inf, keys, "median_ms", "sdpa_cudnn")
+    if len(vs_nsa):
+        text.append(f"One layer's inference at 128K/256K (prefill + 512 tokens, Table 9's setting): FSA over NSA "
+                    f"{_range(vs_nsa)}, over cuDNN full attention {_range(vs_full)} (`results/{t.platform}/inference.csv`).")
+    commits = ", ".join(m.commits_of(ok))
+    return [*rows, "", textwrap.fill(" ".join(text), 100) if text else "",
+            f"(`results/{t.platform}/decode.csv`, rows of commits {commits})"]
+
+
 def _end_to_end_block(t: Tables) -> list[str]:
     train, prefill = t("train"), t("prefill")
     text = (f"FSA over NSA {_range(m.e2e_vs_nsa(train))} per training step and {_range(m.e2e_vs_nsa(prefill))} per "
@@ -303,7 +341,7 @@ def readme_blocks(platform: str, results_dir=None) -> dict[str, str]:
     """README's generated blocks: name -> Markdown body (ending in a newline)."""
     t = Tables(platform, results_dir)
     blocks = {"kernel-table": _kernel_block(t), "kernel-findings": _kernel_findings_block(t),
-              "versus-table": _versus_block(t), "end-to-end": _end_to_end_block(t),
+              "versus-table": _versus_block(t), "decode-table": _decode_block(t), "end-to-end": _end_to_end_block(t),
               "verdicts": _verdicts_block(platform, results_dir)}
     return {name: "\n".join(lines).rstrip("\n") + "\n" for name, lines in blocks.items()}
 

@@ -4,21 +4,25 @@ The Triton interpreter runs the kernels' Python, not the GPU front end: a kernel
 CPU test and still fail to compile for the GPU (a constexpr reassigned inside a static loop,
 a shape the layout pass rejects). This check closes that gap without a device:
 
-1. record: under TRITON_INTERPRET=1, run NativeSparseAttention forward and backward (fp16, every
-   selected-attention impl of ours at (d, g) = (64, 4) and (128, 5), fsa at (256, 1), nsa at
-   (64, 16); the triton compression/window/gate branches) and record each kernel launch: its
-   function, the types of its runtime arguments, its constexprs;
+1. record: under TRITON_INTERPRET=1, run NativeSparseAttention forward and backward (fp16) for
+   each case of CASES and record each kernel launch: its function, the types of its runtime
+   arguments, its constexprs. Every selected-attention impl of ours runs at (d, g) = (64, 4) and
+   (128, 5), fsa at (256, 1), nsa at (64, 16). The triton compression, window and gate branches
+   and one decode step (ops/decode.py) run where their launches are new (they depend on d or
+   (d, g), not on the selection impl); elsewhere those branches take the reference;
 2. compile: in a fresh process without the interpreter, build each distinct launch with
-   ``triton.compile`` for target cuda:90 under every autotune config of that kernel (the
-   config's tiles replace the interpreter's), once as recorded and once with bf16 for fp16. A
-   launch fails when a config does not build, or when every config needs more shared memory
-   than a block may have.
+   ``triton.compile`` for target cuda:90, in bf16 (for fp16) under every autotune config the
+   kernel's prune keeps (the configs the GPU autotuner compiles; the config's tiles replace the
+   interpreter's), and once more as recorded (fp16) under the first of them. fp16 and bf16 take
+   the same bytes, so their layouts and shared memory agree per config; the fp16 build checks
+   the instruction selection that differs. A launch fails when a build fails, or when every
+   config needs more shared memory than a block may have.
 
-Every kernel of ops/ is reached (nsa's dk/dv segment merge through g = 16; the decode step's
-kernels through one decode step per (d, g)). Exit status 1 when
-any launch fails; prints one line per kernel.
+Every kernel of ops/ is reached (nsa's dk/dv segment merge through g = 16; CASES names each
+case's kernels and the script fails when one is not launched). Cases are independent, so the
+test runs them as separate items; exit status 1 when any launch fails; prints one line per kernel.
 
-    python scripts/check_sm90_compile.py [--jobs 2] [--part all|prefill|decode]
+    python scripts/check_sm90_compile.py [--case NAME ...] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -38,22 +42,48 @@ def _is_constexpr(annotation) -> bool:
     return "constexpr" in (annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation)))
 
 
-PARTS = ("all", "prefill", "decode")
+# name -> runs of (selection impl, head dim, g, branches run by triton kernels, kernels the run must
+# launch, as "<module of ops>.<kernel>"). (d, g) are the models' g = 4 and 5 at d 64 and 128 and
+# the extremes of the tested range (d 256 with g 1, g 16). The other
+# branches run the reference: the compression kernels' launches depend on (d, g), the window's
+# and the gate's on d only, decode's on (d, g), none on the selection impl.
+# tests/test_sm90_compile.py checks that the cases together name every kernel src/fsalab launches.
+_ALL = ("compression", "window", "gate", "decode")
+_COMPRESSION = ("compress_kv._cu_cmp_kernel", "compress_kv._compress_fwd_kernel", "compress_kv._compress_dx_kernel",
+                "compress_kv._compress_dw_kernel", "compress_kv._compress_dpe_kernel", "block_select._select_kernel",
+                "flash._fwd_kernel", "flash._dq_kernel", "flash._dkdv_kernel", "flash._stats_kernel")
+_GATE = ("gate._gated_sum_fwd", "gate._gated_sum_bwd")
+_DECODE = ("decode._append_kernel", "decode._compress_step_kernel", "decode._cmp_partial_kernel", "decode._score_kernel", "decode._topk_kernel",
+           "decode._sw_partial_kernel", "decode._combine_kernel")
+_PLAN = ("index_kernels._entry_keys_kernel", "index_kernels._csr_kernel",
+         "worklist._row_scan_kernel", "worklist._items_kernel")
+_FSA = _PLAN + ("fsa_partials._partial_kernel", "fsa_partials._merge_kernel", "fsa_partials._nonfinite_blocks_kernel",
+                "fsa_bwd._delta_kernel", "fsa_bwd._dkdv_kernel", "fsa_bwd._dkdv_merge_kernel")
+_NSA = _PLAN + ("index_kernels._token_start_kernel", "nsa._fwd_kernel", "nsa._bwd_dq_kernel", "nsa._bwd_dkdv_kernel")
+CASES: dict[str, list[tuple[str, int, int, tuple[str, ...], tuple[str, ...]]]] = {
+    "fsa-d64-g4": [("fsa", 64, 4, _ALL, _COMPRESSION + _GATE + _DECODE + _FSA)],
+    "fsa-d128-g5": [("fsa", 128, 5, _ALL, _COMPRESSION + _GATE + _DECODE + _FSA)],
+    "fsa-d256-g1": [("fsa", 256, 1, _ALL, _COMPRESSION + _GATE + _DECODE + _FSA)],
+    # window and gate at d = 64 run in fsa-d64-g4
+    "nsa-d64-g16": [("nsa", 64, 16, ("compression", "decode"),
+                     _COMPRESSION + _DECODE + _NSA + ("nsa._bwd_dkdv_merge_kernel",))],
+    "fsa_paper": [("fsa_paper", 64, 4, (), _FSA), ("fsa_paper", 128, 5, (), _FSA)],
+    "nsa": [("nsa", 64, 4, (), _NSA), ("nsa", 128, 5, (), _NSA)],
+}
 
 
-def record(part: str = "all") -> list[dict]:
-    """Launches under the interpreter, deduplicated: the module's forward and backward (part
-    "prefill"), its decode step (part "decode"), or both ("all")."""
+def record(cases: list[str]) -> list[dict]:
+    """Launches of the module's forward and backward under the interpreter, deduplicated."""
     os.environ["TRITON_INTERPRET"] = "1"
     import torch
     from triton.runtime.jit import mangle_type
 
     from fsalab.config import NSAConfig
-    from fsalab.models.patch import SELECTION_IMPLS
     from fsalab.modules import NativeSparseAttention
     from fsalab.testing import LaunchCounter, cu_seqlens_of
 
     seen: dict[str, dict] = {}
+    launched: set[str] = set()
 
     def record_launch(kernel, args, kwargs):
         params = inspect.signature(kernel.fn).parameters
@@ -69,69 +99,78 @@ def record(part: str = "all") -> list[dict]:
         launch = {"module": kernel.fn.__module__, "name": kernel.fn.__name__, "signature": sig, "constexprs": const,
                   "options": {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}}
         seen.setdefault(json.dumps(launch, sort_keys=True, default=str), launch)
+        launched.add(f"{launch['module'].rsplit('.', 1)[-1]}.{launch['name']}")
 
-    with LaunchCounter(on_triton_launch=record_launch):
-        cfg = NSAConfig(topk=4, window_size=64)
-        lengths = [130, 40, 1]
-        ours = [i for i in SELECTION_IMPLS if i not in ("auto", "reference")]
-        # (impl, head dim, g) over 2 KV heads: the models' g = 4 and 5 at d 64 and 128, and the
-        # extremes of the tested range (d 256 with g 1, g 16).
-        cases = [(i, d, g) for i in ours for d, g in ((64, 4), (128, 5))] + [("fsa", 256, 1), ("nsa", 64, 16)]
-        for impl, d, g in cases if part != "decode" else ():
+    cfg = NSAConfig(topk=4, window_size=64)
+    lengths = [130, 40, 1]
+    missing = []
+    for impl, d, g, branches, expected in (run for name in cases for run in CASES[name]):
+        launched.clear()
+        with LaunchCounter(on_triton_launch=record_launch):
             torch.manual_seed(0)
-            heads = 2 * g
-            module = NativeSparseAttention(d * heads, heads, 2, head_dim=d, config=cfg, selection_impl=impl,
-                                           compression_impl="triton", window_impl="triton", gate_impl="triton",
-                                           dtype=torch.float16)
+            h_kv = 2 if impl == "nsa" else 1  # nsa's kernels take the KV head count as a constexpr, fsa's do not
+            heads = h_kv * g
+            kind = {b: "triton" if b in branches else "reference" for b in _ALL}
+            module = NativeSparseAttention(d * heads, heads, h_kv, head_dim=d, config=cfg, selection_impl=impl,
+                                           compression_impl=kind["compression"], window_impl=kind["window"],
+                                           gate_impl=kind["gate"], dtype=torch.float16)
             x = torch.randn(sum(lengths), d * heads, dtype=torch.float16, requires_grad=True)
             module(x, cu_seqlens_of(lengths)).float().square().mean().backward()
-        if part != "prefill":
-            record_decode(cfg, lengths, {(d, g) for _, d, g in cases})
+            if "decode" in branches:
+                record_decode(cfg, lengths, d, g, h_kv)
+        missing += [f"{impl} (d {d}, g {g}): {k}" for k in expected if k not in launched]
+    if missing:
+        raise SystemExit("kernels a case should launch and did not: " + "; ".join(missing))
     return list(seen.values())
 
 
-def record_decode(cfg, lengths: list[int], shapes: set[tuple[int, int]]) -> None:
+def record_decode(cfg, lengths: list[int], d: int, g: int, h_kv: int) -> None:
     """One decode step (ops/decode.py: ``append_token``'s two kernels and the five attention
-    kernels) of a module filled from a prefill of ``lengths``, per (d, g) in ``shapes``."""
+    kernels) of a module with ``h_kv`` KV heads filled from a prefill of ``lengths``."""
     import torch
 
     from fsalab.modules import NativeSparseAttention
     from fsalab.testing import cu_seqlens_of
 
-    for d, g in sorted(shapes):
-        torch.manual_seed(0)
-        heads = 2 * g
-        module = NativeSparseAttention(d * heads, heads, 2, head_dim=d, config=cfg, decode_impl="triton",
-                                       dtype=torch.float16)
-        cache = module.new_cache(len(lengths), max(lengths) + 8)
-        with torch.no_grad():
-            module(torch.randn(sum(lengths), d * heads, dtype=torch.float16), cu_seqlens_of(lengths), cache=cache)
-            module.decode(torch.randn(len(lengths), d * heads, dtype=torch.float16), cache)
+    torch.manual_seed(0)
+    heads = h_kv * g
+    module = NativeSparseAttention(d * heads, heads, h_kv, head_dim=d, config=cfg, decode_impl="triton",
+                                   dtype=torch.float16)
+    cache = module.new_cache(len(lengths), max(lengths) + 8)
+    with torch.no_grad():
+        module(torch.randn(sum(lengths), d * heads, dtype=torch.float16), cu_seqlens_of(lengths), cache=cache)
+        module.decode(torch.randn(len(lengths), d * heads, dtype=torch.float16), cache)
 
 
 def _kernel(module: str, name: str):
-    """The launchable object and the configs it would be built with on a GPU."""
+    """The launchable object and the configs a GPU would build it with: those the kernel's
+    autotune prune keeps (the launch's constexprs are what the prune reads), or None."""
     obj = getattr(importlib.import_module(module), name)
     configs = getattr(obj, "configs", None)
     jit = obj
     while not hasattr(jit, "arg_names") or hasattr(jit, "configs") or hasattr(jit, "values"):
         jit = jit.fn
-    return jit, configs
+    return jit, configs, getattr(obj, "early_config_prune", None)
 
 
-def _build(launch: dict) -> list[str]:
-    """Compile one recorded launch for sm_90 under each config; the error messages.
+def _build(build: tuple[dict, bool]) -> list[str]:
+    """Compile one recorded launch for sm_90 under each config the autotuner would try (the first
+    only when ``first_only``); the error messages.
 
-    A config over the shared-memory limit is pruned by the autotuner at run time, so it fails
+    A config over the shared-memory limit is skipped by the autotuner at run time, so it fails
     the launch only when every config of the kernel is over.
     """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    jit, configs = _kernel(launch["module"], launch["name"])
+    launch, first_only = build
+    jit, configs, prune = _kernel(launch["module"], launch["name"])
+    if configs and prune is not None:
+        configs = prune(configs, dict(launch["constexprs"]), **launch["constexprs"])
+    configs = (configs or [None])[:1] if first_only else configs or [None]
     errors, over = [], []
-    for cfg in configs or [None]:
+    for cfg in configs:
         const = dict(launch["constexprs"])
         options = dict(launch["options"])
         if cfg is not None:
@@ -151,24 +190,26 @@ def _build(launch: dict) -> list[str]:
             where = {k: const[k] for k in ("G", "G_P", "HEAD_DIM", "BLOCK_M", "BLOCK_N") if k in const}
             errors.append(f"{launch['name']} {where} warps {options.get('num_warps')}: {type(root).__name__}: "
                           f"{(str(root).strip().splitlines() or [''])[-1][:300]}")
-    return errors + (over if len(over) == len(configs or [None]) else [])
+    return errors + (over if len(over) == len(configs) and not first_only else [])
 
 
-def _with_bf16(launch: dict) -> dict | None:
+def _builds(launch: dict) -> list[tuple[dict, bool]]:
+    """(launch, first config only) pairs: an fp16 launch in bf16 under every config, then as
+    recorded under the first; any other launch as recorded under every config."""
     if not any(t == "*fp16" for t in launch["signature"].values()):
-        return None
+        return [(launch, False)]
     swapped = {k: ("*bf16" if t == "*fp16" else t) for k, t in launch["signature"].items()}
-    return launch | {"signature": swapped}
+    return [(launch | {"signature": swapped}, False), (launch, True)]
 
 
 def compile_all(launches: list[dict], jobs: int) -> int:
-    builds = [b for launch in launches for b in (launch, _with_bf16(launch)) if b is not None]
+    builds = [b for launch in launches for b in _builds(launch)]
     failures = 0
     with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
         results = list(pool.map(_build, builds))
     per_kernel: dict[str, list[int]] = {}
-    for build, errors in zip(builds, results):
-        counts = per_kernel.setdefault(f"{build['module']}.{build['name']}", [0, 0])
+    for (launch, _), errors in zip(builds, results):
+        counts = per_kernel.setdefault(f"{launch['module']}.{launch['name']}", [0, 0])
         counts[0] += 1
         counts[1] += bool(errors)
         for err in errors:
@@ -181,19 +222,19 @@ def compile_all(launches: list[dict], jobs: int) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--case", action="append", choices=sorted(CASES), help="a case of CASES (repeatable; default all)")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--part", choices=PARTS, default="all",
-                    help="the launches to check: the module's forward and backward, its decode step, or both")
     ap.add_argument("--compile-from", help=argparse.SUPPRESS)  # internal: the second process
     args = ap.parse_args(argv)
     if args.compile_from:
         with open(args.compile_from) as fh:
             return 1 if compile_all(json.load(fh), args.jobs) else 0
-    launches = record(args.part)
+    launches = record(args.case or list(CASES))
     path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fsalab-sm90-launches-{os.getpid()}.json")
     with open(path, "w") as fh:
         json.dump(launches, fh, default=str)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # The autotuned kernels as on a GPU (FSALAB_AUTOTUNE=0 would keep one config per launch).
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"FSALAB_AUTOTUNE": "1"}
     print(f"{len(launches)} distinct launches recorded; compiling for sm_{TARGET[1]}", flush=True)
     try:
         return subprocess.call([sys.executable, __file__, "--jobs", str(args.jobs), "--compile-from", path], env=env)

@@ -43,7 +43,23 @@ def poison_flash_buffers(monkeypatch):
     monkeypatch.setattr(flash, "_empty", poison)
 
 
+def pytest_configure(config):
+    # pytest-xdist: hand items to the workers one at a time (default: a quarter of each worker's
+    # share at once), so the long items collected first (below) spread over both workers and the
+    # short ones fill in around them.
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk", None) is None:
+        config.option.maxschedchunk = 1
+
+
+def _expected_seconds(item) -> float:
+    marker = item.get_closest_marker("slow")
+    return 0.0 if marker is None else float(marker.args[0] if marker.args else 1)
+
+
 def pytest_collection_modifyitems(config, items):
+    # Items marked slow run first, the longest first (slow(seconds): a rough wall time on 2 CPU
+    # cores): started last, one of them would end the run on one worker while the other sits idle.
+    items.sort(key=lambda item: -_expected_seconds(item))
     if ON_GPU:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

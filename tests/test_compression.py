@@ -173,6 +173,7 @@ def selection_inputs(lengths, h_kv, g, d, cfg, dtype, gen, q_scale=1.0):
     return q, k_cmp, lse.float(), cu, cu_cmp
 
 
+@pytest.mark.slow(25)
 @pytest.mark.parametrize(
     "g,d,dtype,cfg,q_scale",
     [
@@ -186,7 +187,7 @@ def selection_inputs(lengths, h_kv, g, d, cfg, dtype, gen, q_scale=1.0):
     ],
 )
 def test_select_blocks_matches_reference(g, d, dtype, cfg, q_scale, gen):
-    h_kv = 2
+    h_kv = 1 if d >= 128 else 2  # head offsets are covered by the smaller d; keeps the interpreter quick
     lengths = [6 * cfg.block_size + 37, 3, cfg.kernel_size - 1, cfg.block_size + 5, 40, 1]
     q, k_cmp, lse, cu, cu_cmp = selection_inputs(lengths, h_kv, g, d, cfg, dtype, gen, q_scale)
     got = select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)

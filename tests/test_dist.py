@@ -25,6 +25,7 @@ FSDP_CASES = [(2, "qwen3-14b", TINY),
               (4, "qwen2.5-32b", {**TINY, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16})]
 
 
+@pytest.mark.slow(30)
 @pytest.mark.parametrize("ranks, model, shape", FSDP_CASES, ids=["fsdp2", "fsdp4"])
 def test_fsdp2_train_step(ranks, model, shape, tmp_path):
     """The production command, torchrun -m fsalab.bench.train --parallel fsdp, on 2 and 4 CPU
@@ -85,6 +86,7 @@ def _tp_worker(rank: int, port: int, queue, world: int, shape: dict) -> None:
 TP_WORLD, TP_SHAPE = 4, {**TINY, "hidden_size": 320, "num_attention_heads": 20, "num_key_value_heads": 4, "head_dim": 16}
 
 
+@pytest.mark.slow(40)
 def test_tensor_parallel_prefill():
     """Splitting a materialised model's heads and MLP over the ranks leaves its logits unchanged;
     ``layer_split.settled`` turns a row-parallel layer's pending all-reduce into a plain tensor (so

@@ -37,6 +37,7 @@ _SYNCING_OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "ate
                 "aten._unique2.default", "aten.unique_consecutive.default"}
 
 
+@pytest.mark.slow(25)
 @pytest.mark.parametrize("selection", ["nsa", "fsa", "fsa_paper"])
 def test_module_path_reads_no_device_values(selection, monkeypatch):
     """CPU stand-in for the GPU test above: with value checks off (on CUDA they are asynchronous

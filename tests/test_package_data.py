@@ -67,7 +67,7 @@ def _run(args, cwd, env):
     return done.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.slow(30)
 @pytest.mark.skipif(not (ROOT / "pyproject.toml").is_file(), reason="not a checkout")
 def test_installed_package_runs_outside_the_checkout(tmp_path):
     target, work = tmp_path / "site", tmp_path / "run"

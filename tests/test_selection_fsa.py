@@ -149,6 +149,7 @@ def test_fsa_head_chunks_and_split_rows(impl, monkeypatch, seed, gen, device):
         check_selected_attention(impl_fn(impl), batch, block_idx, 16)
 
 
+@pytest.mark.slow(30)
 @pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
 def test_fsa_dkdv_alone_two_key_tiles(impl, monkeypatch, seed, gen, device):
     """The H200 failure case, small: fp16, g = 8, d = 128, 128-key blocks (two key sub-tiles) from

@@ -52,6 +52,7 @@ def test_dry_run(profile):
         assert all(f"bench_{e}" in text for e in ("train", "prefill", "convergence"))
 
 
+@pytest.mark.slow(290)
 @pytest.mark.skipif(os.environ.get("FSALAB_E2E") == "0", reason="FSALAB_E2E=0 skips the smoke workflow end to end")
 def test_smoke_end_to_end(tmp_path):
     """Every rule of the smoke profile in a scratch copy: results, tables, figures, REPRODUCTION.md."""

@@ -79,17 +79,21 @@ def test_branches_match_dense_masks(gen, seed):
             torch.testing.assert_close(ours[a:b], dense[name], atol=1e-5, rtol=0, msg=f"{name} of sequence {i}")
 
 
-def test_reference_runs_thousands_of_tokens_quickly():
-    """The reference must stay usable as a test oracle at a few thousand tokens on CPU."""
-    import time
+def test_reference_work_is_batched_over_tokens():
+    """The reference stays usable as a test oracle at thousands of tokens on CPU: its work is
+    batched, so a call over 4000 tokens runs fewer torch ops than half its tokens (a Python loop
+    per token, or per token and head, would run thousands; ~970 today). Counted, not timed: a
+    wall-clock bound failed on a loaded machine."""
+    from fsalab.testing import LaunchCounter
 
     cfg = NSAConfig()
     batch = make_batch([3000, 1000], 8, 2, 64, seed=0)
     gen = torch.Generator().manual_seed(0)
     params = random_params(gen, 2, 64, cfg)
-    start = time.perf_counter()
-    run_reference(batch, params, torch.zeros(batch.total, 8, 3), cfg)
-    assert time.perf_counter() - start < 30.0
+    with LaunchCounter() as ops:
+        o, *_ = run_reference(batch, params, torch.zeros(batch.total, 8, 3), cfg)
+    assert torch.isfinite(o).all()
+    assert ops.total < batch.total // 2, ops.counts.most_common(10)
 
 
 def test_selected_reference_keeps_no_gathered_kv_for_the_backward(monkeypatch, gen):

@@ -77,7 +77,7 @@ def test_launches_per_nsa_attention_call(impl, monkeypatch, device):
 # three times, the cache's where / remainder / index_put_ chains, a separate compression launch).
 DECODE_STEP_LIMIT = 8
 # One decoder layer's attention in a patched model's decode forward: the above plus HF's q, k, v
-# and o projections (129 launches for a whole one-layer model's forward before, 56 after).
+# and o projections (85 before the bookkeeping became two kernels).
 DECODE_LAYER_LIMIT = DECODE_STEP_LIMIT + 4
 
 

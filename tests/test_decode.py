@@ -87,13 +87,15 @@ def test_decode_equals_prefill_fp16(impl):
         assert_close(actual, expected[rows], native[rows], dtype=torch.float16, name=f"sequence {b}")
 
 
-def _random_cache(cfg, lengths, h_kv, d, dtype, capacity, seed):
-    """A cache filled from a random prefill with random compression weights (rotation omitted:
-    the step's attention does not care how keys were rotated)."""
+def _random_cache(cfg, lengths, h, h_kv, d, dtype, capacity, seed):
+    """A cache for h query heads filled from a random prefill with random compression weights
+    (rotation omitted: the step's attention does not care how keys were rotated); its
+    ``cmp_logits`` scratch NaN-poisoned (a step must read only the logits it wrote)."""
     gen = torch.Generator().manual_seed(seed)
     total = sum(lengths)
     rnd = lambda *s: torch.randn(*s, generator=gen).to(dtype)  # noqa: E731
-    cache = NSADecodeCache.allocate(len(lengths), capacity, h_kv, d, cfg, dtype, "cpu")
+    cache = NSADecodeCache.allocate(len(lengths), capacity, h_kv, d, cfg, dtype, "cpu", num_heads=h)
+    cache.cmp_logits.fill_(float("nan"))
     k, v = rnd(total, h_kv, d), rnd(total, h_kv, d)
     w = [rnd(h_kv, cfg.kernel_size * d, d) / (cfg.kernel_size * d) ** 0.5 for _ in range(2)]
     pe = rnd(h_kv, cfg.kernel_size, d) * 0.02
@@ -115,7 +117,7 @@ def test_step_matches_reference(dtype, splits, g):
     twice PyTorch's own error in the dtype; allocations NaN-poisoned (an unwritten partial fails)."""
     h_kv, d = 2, 16
     lengths = [60, 1, 7, 8, 33, 64]  # below l, the first compressed token, a full block, capacity
-    cache, gen = _random_cache(WIDE, lengths, h_kv, d, dtype, capacity=64, seed=sum(splits) + g)
+    cache, gen = _random_cache(WIDE, lengths, h_kv * g, h_kv, d, dtype, capacity=64, seed=sum(splits) + g)
     batch, h = len(lengths), h_kv * g
     q = (torch.randn(batch, h, d, generator=gen) * 2).to(dtype)
     gates = torch.randn(batch, h, 3, generator=gen).to(dtype)
@@ -134,7 +136,7 @@ def test_step_matches_reference(dtype, splits, g):
 @INTERPRETED
 def test_step_lengths_live_on_device():
     """Launch shapes depend on batch and capacity only: the same call serves other lengths."""
-    cache, gen = _random_cache(WIDE, [20, 50], 1, 16, torch.float32, capacity=64, seed=0)
+    cache, gen = _random_cache(WIDE, [20, 50], 2, 1, 16, torch.float32, capacity=64, seed=0)
     q, gates = torch.randn(2, 2, 16, generator=gen), torch.randn(2, 2, 3, generator=gen)
     first, _ = decode.nsa_decode(q, cache, gates)
     cache.lengths.copy_(torch.tensor([30, 12], dtype=torch.int32))
@@ -143,6 +145,42 @@ def test_step_lengths_live_on_device():
     assert torch.equal(idx, expected_idx)
     torch.testing.assert_close(second, expected.float(), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(first, second)
+
+
+@INTERPRETED
+@pytest.mark.parametrize("splits,g", [((3, 2, 2), 3), ((5, 3, 1), 1)])
+def test_consecutive_steps_score_blocks_from_their_own_logits(splits, g):
+    """Four Triton steps (append, then attention) over one cache: sequences reaching n = 64 and
+    80 (a compressed token and a block completed), a short one, all with 5 or more blocks so that
+    top-T ranks real scores; the compressed-attention ranges (S_c = 3, 5) cut the tokens of one
+    block apart. Every step: block_idx equals the fp64 reference's on the same cache state and o
+    is close; the stored logits of tokens j < n_cmp equal q·k_cmp·scale·log2(e) of this step's
+    q, the rest of the NaN-poisoned scratch stays unwritten; the scratch is re-poisoned before
+    each step, so a score read of a logit this step did not write fails."""
+    from fsalab.ops._triton import LOG2E
+
+    h_kv, d, dtype = 2, 16, torch.float32
+    h = h_kv * g
+    cfg = WIDE
+    cache, gen = _random_cache(cfg, [61, 77, 30], h, h_kv, d, dtype, capacity=96, seed=11 + g)
+    scale = d ** -0.5
+    for step in range(4):
+        q, k, v, w_k, w_v, pe = _token_inputs(cache, h, 100 * g + step, dtype)
+        q = q * 3  # peaked scores: the ranking does not hinge on near ties
+        gates = torch.randn(cache.batch, h, 3, generator=gen)
+        cache.cmp_logits.fill_(float("nan"))
+        q_rot = decode.append_token(cache, q, k, v, w_k, w_v, pe, torch.ones(d // 2) * 0.1)
+        o, block_idx = decode.nsa_decode(q_rot, cache, gates, splits=splits)
+        expected, expected_idx = decode_reference.nsa_decode(q_rot.double(), cache, gates)
+        assert torch.equal(block_idx, expected_idx), f"step {step}"
+        torch.testing.assert_close(o, expected.float(), atol=1e-5, rtol=1e-5, msg=lambda m: f"step {step}: {m}")
+        for b, n in enumerate(cache.lengths.tolist()):
+            n_cmp = cfg.num_compressed(n)
+            k_cmp = cache.k_cmp[b, :n_cmp].double().repeat_interleave(g, dim=1)  # [n_cmp, h, d]
+            exact = torch.einsum("hd,jhd->hj", q_rot[b].double(), k_cmp) * scale * LOG2E
+            torch.testing.assert_close(cache.cmp_logits[b, :, :n_cmp].double(), exact, atol=1e-5, rtol=1e-5)
+            assert cache.cmp_logits[b, :, n_cmp:].isnan().all(), f"step {step}: logits written past n_cmp"
+    assert cache.lengths.tolist() == [65, 81, 34]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -195,8 +233,8 @@ def test_append_token_matches_reference(dtype, scaling, monkeypatch):
     h_kv, d, g = 2, 12, 3
     inv_freq = rope_inv_freq(d, 10000.0)
     for lengths, capacity in (([7, 11, 20, 24], 24), ([1999, 5], 2048)):
-        cache, _ = _random_cache(TINY, lengths, h_kv, d, dtype, capacity=capacity, seed=len(lengths))
-        twin = NSADecodeCache(*(t.clone() for t in _snapshot(cache)), TINY, True)
+        cache, _ = _random_cache(TINY, lengths, h_kv * g, h_kv, d, dtype, capacity=capacity, seed=len(lengths))
+        twin = cache.clone()
         args = _token_inputs(cache, h_kv * g, 5, dtype)
         with poisoned_allocations():
             q_rot = decode.append_token(cache, *args, inv_freq, scaling)
@@ -222,7 +260,7 @@ def test_append_token_rope_equals_the_module_rope(dtype):
     inv_freq = rope_inv_freq(d, 500000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
     lengths = [3, 100, 4097, 131071]
-    cache = NSADecodeCache.allocate(4, 131072, 1, d, TINY, dtype, "cpu")
+    cache = NSADecodeCache.allocate(4, 131072, 1, d, TINY, dtype, "cpu", num_heads=4)
     cache.lengths.copy_(torch.tensor(lengths, dtype=torch.int32))
     cache.filled = True
     q, k, v, w_k, w_v, pe = _token_inputs(cache, 4, 7, dtype)
@@ -282,7 +320,7 @@ def test_prefill_longer_than_capacity_is_rejected():
 
 @INTERPRETED
 def test_step_argument_checks():
-    cache, gen = _random_cache(TINY, [9, 4], 2, 8, torch.float32, capacity=16, seed=0)
+    cache, gen = _random_cache(TINY, [9, 4], 4, 2, 8, torch.float32, capacity=16, seed=0)
     q, gates = torch.randn(2, 4, 8), torch.randn(2, 4, 3)
     with pytest.raises(TypeError, match="dtype"):
         decode.nsa_decode(q.half(), cache, gates)
@@ -300,14 +338,20 @@ def test_step_argument_checks():
 
 def test_cache_memory_and_layout():
     cfg = TINY
-    cache = NSADecodeCache.allocate(3, 64, 2, 8, cfg, torch.float16, "cpu")
+    cache = NSADecodeCache.allocate(3, 64, 2, 8, cfg, torch.float16, "cpu", num_heads=6)
     raw = 2 * 3 * 65 * 2 * 8
     cmp = 2 * 3 * (64 // cfg.kernel_stride + 1) * 2 * 8
     recent = 3 * (cfg.kernel_size + 1) * 2 * 8
-    assert cache.nbytes == 2 * (raw + cmp + recent) + 4 * 3
-    assert cache.capacity == 64 and cache.batch == 3 and not cache.filled
+    logits = 3 * 6 * (64 // cfg.kernel_stride)  # fp32 scratch of the Triton step
+    assert cache.nbytes == 2 * (raw + cmp + recent) + 4 * 3 + 4 * logits
+    assert cache.cmp_logits.dtype == torch.float32 and cache.cmp_logits.is_contiguous()
+    assert cache.capacity == 64 and cache.batch == 3 and cache.num_heads == 6 and not cache.filled
     with pytest.raises(ValueError, match="capacity"):
-        NSADecodeCache.allocate(1, 0, 2, 8, cfg, torch.float16, "cpu")
+        NSADecodeCache.allocate(1, 0, 2, 8, cfg, torch.float16, "cpu", num_heads=2)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        NSADecodeCache.allocate(1, 64, 2, 8, cfg, torch.float16, "cpu", num_heads=3)
+    twin = cache.clone()
+    assert twin.cmp_logits.shape == cache.cmp_logits.shape and twin.k.data_ptr() != cache.k.data_ptr()
 
 
 @INTERPRETED
@@ -318,7 +362,7 @@ def test_step_launches(monkeypatch):
 
     monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
     module = _module(TINY, 4, 2, 8, torch.float16, "triton")
-    cache, gen = _random_cache(TINY, [13, 40], 2, 8, torch.float16, capacity=48, seed=0)
+    cache, gen = _random_cache(TINY, [13, 40], 4, 2, 8, torch.float16, capacity=48, seed=0)
     q, k, v = torch.randn(2, 4, 8, generator=gen).half(), *torch.randn(2, 2, 2, 8, generator=gen).half()
     gates = torch.randn(2, 4, 3, generator=gen).half()
     with LaunchCounter() as bookkeeping:

@@ -50,11 +50,12 @@ def test_decode_equals_prefill_bf16(h, h_kv, d):
         assert_close(torch.stack(decoded[b]), expected, native, dtype=torch.bfloat16, factor=3.0, name=f"sequence {b}")
 
 
-def _filled_cache(batch, context, capacity, h_kv, d, dtype, seed=0):
+def _filled_cache(batch, context, capacity, h, h_kv, d, dtype, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    cache = NSADecodeCache.allocate(batch, capacity, h_kv, d, CFG, dtype, CUDA)
+    cache = NSADecodeCache.allocate(batch, capacity, h_kv, d, CFG, dtype, CUDA, num_heads=h)
     for t in (cache.k, cache.v, cache.k_cmp, cache.v_cmp):
         t.copy_(torch.randn(t.shape, generator=gen).to(dtype))
+    cache.cmp_logits.fill_(float("nan"))  # scratch: a step reads only the logits it wrote
     cache.lengths.copy_(torch.tensor(context, dtype=torch.int32))
     cache.filled = True
     return cache, gen
@@ -64,7 +65,7 @@ def _filled_cache(batch, context, capacity, h_kv, d, dtype, seed=0):
 @pytest.mark.parametrize("batch,context", [(1, [65536]), (4, [70000, 513, 31, 16384])], ids=["b1-64K", "ragged"])
 def test_step_matches_reference_bf16(batch, context):
     h_kv, g, d = 4, 16, 128
-    cache, gen = _filled_cache(batch, context, 70016, h_kv, d, torch.bfloat16)
+    cache, gen = _filled_cache(batch, context, 70016, h_kv * g, h_kv, d, torch.bfloat16)
     q = torch.randn(batch, h_kv * g, d, generator=gen).to(CUDA, torch.bfloat16)
     gates = torch.randn(batch, h_kv * g, 3, generator=gen).to(CUDA, torch.bfloat16)
     o, idx = decode.nsa_decode(q, cache, gates)
@@ -85,10 +86,9 @@ def test_append_token_matches_reference_bf16():
 
     h_kv, g, d, l = 8, 4, 128, CFG.kernel_size
     lengths = [100015, 31, 4111, 777]
-    cache, gen = _filled_cache(4, lengths, 100100, h_kv, d, torch.bfloat16)
+    cache, gen = _filled_cache(4, lengths, 100100, h_kv * g, h_kv, d, torch.bfloat16)
     cache.k_recent.copy_(torch.randn(cache.k_recent.shape, generator=gen).to(torch.bfloat16))
-    twin = NSADecodeCache(*(t.clone() for t in (cache.k, cache.v, cache.k_cmp, cache.v_cmp, cache.k_recent,
-                                                 cache.lengths)), CFG, True)
+    twin = cache.clone()
     rnd = lambda *shape: torch.randn(*shape, generator=gen).to(CUDA, torch.bfloat16)  # noqa: E731
     args = (rnd(4, h_kv * g, d), rnd(4, h_kv, d), rnd(4, h_kv, d), rnd(h_kv, l * d, d) / (l * d) ** 0.5,
             rnd(h_kv, l * d, d) / (l * d) ** 0.5, rnd(h_kv, l, d) * 0.02)
@@ -112,9 +112,8 @@ def test_step_replays_from_a_cuda_graph_without_host_sync():
     module = _module(64, 4, 128)
     batch, steps = 2, 40
     gen = torch.Generator().manual_seed(3)
-    cache, _ = _filled_cache(batch, [60000, 4000], 60100, 4, 128, torch.bfloat16)
-    twin = NSADecodeCache(*(t.clone() for t in (cache.k, cache.v, cache.k_cmp, cache.v_cmp, cache.k_recent,
-                                                 cache.lengths)), CFG, True)
+    cache, _ = _filled_cache(batch, [60000, 4000], 60100, 64, 4, 128, torch.bfloat16)
+    twin = cache.clone()
     x = torch.randn(batch, module.hidden_size, generator=gen).to(CUDA, torch.bfloat16)
     out = {}
 
@@ -142,11 +141,12 @@ def test_step_replays_from_a_cuda_graph_without_host_sync():
 
 @pytest.mark.gpu
 def test_step_extra_memory_is_independent_of_context():
-    """A step allocates O(batch · heads · d) beyond the cache, bounded whatever the context:
-    fp32 partials [batch, h, S_c + T + S_w, d + 1] with S_c <= 64, S_w <= 8 (``decode_splits``)."""
+    """A step allocates O(batch · heads · d) beyond the cache (whose ``cmp_logits`` scratch is
+    allocated with it), bounded whatever the context: fp32 partials [batch, h, S_c + T + S_w,
+    d + 1] with S_c <= 64, S_w <= 8 (``decode_splits``)."""
     used = []
     for context in (8192, 262144):
-        cache, gen = _filled_cache(1, [context], context + 16, 4, 128, torch.bfloat16)
+        cache, gen = _filled_cache(1, [context], context + 16, 64, 4, 128, torch.bfloat16)
         q = torch.randn(1, 64, 128, generator=gen).to(CUDA, torch.bfloat16)
         gates = torch.randn(1, 64, 3, generator=gen).to(CUDA, torch.bfloat16)
         decode.nsa_decode(q, cache, gates)

@@ -110,7 +110,8 @@ def _random_cache(p: dict, device: torch.device, dtype: torch.dtype, capacity: i
     from ..ops.decode_cache import NSADecodeCache
 
     cfg = nsa_config(p)
-    cache = NSADecodeCache.allocate(p["batch"], capacity, p["h_kv"], p["d"], cfg, dtype, device)
+    cache = NSADecodeCache.allocate(p["batch"], capacity, p["h_kv"], p["d"], cfg, dtype, device,
+                                    num_heads=p["h_kv"] * p["g"])
     for t in (cache.k, cache.v, cache.k_cmp, cache.v_cmp, cache.k_recent):
         t.normal_(generator=gen)
     cache.lengths.fill_(p["N"])

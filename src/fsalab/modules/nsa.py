@@ -216,7 +216,7 @@ class NativeSparseAttention(nn.Module):
         module's dtype and device; fill it with ``forward(x, cu_seqlens, cache=cache)``."""
         weight = self.gate_proj.weight  # q_proj may be wrapped (Qwen3's QK-norm in the model swap)
         return NSADecodeCache.allocate(batch, capacity, self.num_kv_heads, self.head_dim, self.cfg, weight.dtype,
-                                       device if device is not None else weight.device)
+                                       device if device is not None else weight.device, num_heads=self.num_heads)
 
     def decode(self, hidden_states: torch.Tensor, cache: NSADecodeCache) -> torch.Tensor:
         """One new token per sequence: hidden_states [batch, hidden] -> [batch, hidden].

@@ -25,11 +25,17 @@ The attention is five:
 
 1. ``_cmp_partial_kernel`` (batch, h_kv, S_c): compressed attention, the g query heads of a KV
    head as the MMA's rows; sequence b's n_cmp compressed tokens are cut into S_c ranges
-   (FlashDecoding's split), each program writing (o, lse) of its range.
-2. ``_score_kernel`` (batch, h_kv, S_s): block scores from the same compressed keys,
-   p = exp(q·k_cmp·scale − lse_cmp) summed over the group's heads in fp32 (lse_cmp merged from
-   step 1's partials), mapped onto blocks with the overlap weights, forced / causal rules of
-   prefill; each program keeps the top-T of its range of blocks (``block_select._merge_topk``).
+   (FlashDecoding's split), each program writing (o, lse) of its range and, for every token of
+   it, the fp32 logits s = q·k_cmp·scale·log2(e) its softmax takes to the cache's
+   ``cmp_logits`` [batch, h, capacity // s] (the ranges cover [0, n_cmp): every logit of the
+   step is rewritten).
+2. ``_score_kernel`` (batch, h_kv, S_s): block scores from those logits, not from the keys (the
+   compressed keys are read once per step, by step 1): p = exp2(s − lse_cmp) summed over the
+   group's heads in fp32 (lse_cmp merged from step 1's partials), mapped onto blocks with the
+   overlap weights, forced / causal rules of prefill; each program keeps the top-T of its range
+   of blocks (``block_select._merge_topk``). Step 1 stores a [g, BLOCK_N] tile of logits per
+   iteration (64 tokens), step 2 loads [g, BB·R] tiles: both run along rows of ``cmp_logits``,
+   whose tokens are contiguous.
 3. ``_topk_kernel`` (batch · h_kv): merges the S_s partial top-T lists into block_idx
    [batch, h_kv, T] (ascending, -1 padding; ties to the lower block, as in prefill).
 4. ``_sw_partial_kernel`` (batch, h_kv, T + S_w): one program per selected block (causal: keys
@@ -37,10 +43,13 @@ The attention is five:
 5. ``_combine_kernel`` (batch · h): log-sum-exp merge of each branch's partials and the gated
    sum, rounded once to q's dtype.
 
-Extra memory of a step beyond the cache: the partials, fp32 [batch, h, S_c + T + S_w, d + 1],
-the score keys int64 [batch, h_kv, S_s, T_P] and block_idx: O(batch · h · d) for the fixed
-split counts (``decode_splits``: at most 64 + T + 8 partials per head, 2.8 MiB at batch 1,
-64 heads, d = 128, T = 16). Nothing grows with the context length.
+Extra memory: the cache holds the step's one context-sized buffer, ``cmp_logits`` (fp32,
+h·capacity/s·4 bytes per sequence, allocated with the cache: a fraction g/(s·d) of the raw
+cache's 2·h_kv·d·2 bytes per token in bf16, 0.05 % at g = 1, 0.8 % at g = 16 with s = 16,
+d = 128; 4 MiB at h = 64 and a capacity of 256K tokens). A step's own temporaries: the partials,
+fp32 [batch, h, S_c + T + S_w, d + 1], the score keys int64 [batch, h_kv, S_s, T_P] and
+block_idx: O(batch · h · d) for the fixed split counts (``decode_splits``: at most 64 + T + 8
+partials per head, 2.8 MiB at batch 1, 64 heads, d = 128, T = 16), whatever the context length.
 """
 
 from __future__ import annotations
@@ -121,10 +130,13 @@ def _group_q(q_ptr, b, kvh, s_qb, s_qh, G: tl.constexpr, G_PAD: tl.constexpr, dd
 
 
 @triton.jit
-def _attend_range(q, k_ptr, v_ptr, s_t, lo, hi, qk_scale, dd, d_ok,
-                  G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+def _attend_range(q, k_ptr, v_ptr, s_t, lo, hi, qk_scale, dd, d_ok, logit_rows, g_ok,
+                  G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+                  STORE_LOGITS: tl.constexpr):
     """Online softmax (exp2) of q [G_PAD, D_PAD] over keys [lo, hi) at k_ptr + t * s_t (v alike).
-    Returns (acc, m, l): unnormalised output, row max (log2 units), row sum; l = 0 when empty."""
+    Returns (acc, m, l): unnormalised output, row max (log2 units), row sum; l = 0 when empty.
+    With STORE_LOGITS, each key's fp32 logit q·k·qk_scale (the softmax's input) also goes to
+    logit_rows[row] + t (pointers [G_PAD]) for the rows where g_ok."""
     acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
     m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
     l = tl.zeros([G_PAD], dtype=tl.float32)
@@ -135,6 +147,8 @@ def _attend_range(q, k_ptr, v_ptr, s_t, lo, hi, qk_scale, dd, d_ok,
         kv_ok = ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + off, mask=kv_ok, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        if STORE_LOGITS:
+            tl.store(logit_rows[:, None] + t[None, :], s, mask=g_ok[:, None] & ok[None, :])
         s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))  # finite: every tile holds a key
         alpha = tl.exp2(m - m_new)
@@ -159,17 +173,20 @@ def _store_partial(o_ptr, lse_ptr, acc, m, l, part, dd, g_ok, d_ok, HEAD_DIM: tl
 
 
 @triton.jit
-def _range_partial(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, kvh, sp, lo, hi, s_qb, s_qh, s_kb, s_kt, s_kh,
-                   n_heads, n_parts, qk_scale, G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+def _range_partial(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, logit_ptr, b, kvh, sp, lo, hi, s_qb, s_qh, s_kb, s_kt, s_kh,
+                   s_lb, s_lh, n_heads, n_parts, qk_scale, G: tl.constexpr, G_PAD: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+                   STORE_LOGITS: tl.constexpr):
     """Partial sp (of n_parts per head) of the g query heads of (sequence b, KV head kvh): attention
-    over keys [lo, hi) at k_ptr + b * s_kb + t * s_kt + kvh * s_kh (values alike)."""
+    over keys [lo, hi) at k_ptr + b * s_kb + t * s_kt + kvh * s_kh (values alike). With
+    STORE_LOGITS, key t's logits of query head h go to logit_ptr + b * s_lb + h * s_lh + t."""
     dd = tl.arange(0, D_PAD)
     d_ok = dd < HEAD_DIM
     q, gg, g_ok = _group_q(q_ptr, b, kvh, s_qb, s_qh, G, G_PAD, dd, d_ok)
     base = b.to(tl.int64) * s_kb + kvh * s_kh
-    acc, m, l = _attend_range(q, k_ptr + base, v_ptr + base, s_kt, lo, hi, qk_scale, dd, d_ok,
-                              G_PAD, D_PAD, BLOCK_N, DOT_PREC)
+    logit_rows = logit_ptr + b.to(tl.int64) * s_lb + (kvh * G + gg).to(tl.int64) * s_lh
+    acc, m, l = _attend_range(q, k_ptr + base, v_ptr + base, s_kt, lo, hi, qk_scale, dd, d_ok, logit_rows, g_ok,
+                              G_PAD, D_PAD, BLOCK_N, DOT_PREC, STORE_LOGITS)
     part = (b * n_heads + kvh * G + gg) * n_parts + sp
     _store_partial(o_ptr, lse_ptr, acc, m, l, part, dd, g_ok, d_ok, HEAD_DIM)
 
@@ -303,11 +320,14 @@ def _compress_step_kernel(
 
 @triton.jit
 def _cmp_partial_kernel(
-    q_ptr, kc_ptr, vc_ptr, len_ptr, o_ptr, lse_ptr,
-    s_qb, s_qh, s_cb, s_ct, s_ch, n_heads, n_splits, qk_scale,
+    q_ptr, kc_ptr, vc_ptr, len_ptr, o_ptr, lse_ptr, logit_ptr,
+    s_qb, s_qh, s_cb, s_ct, s_ch, s_lb, s_lh, n_heads, n_splits, qk_scale,
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     L: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
+    """Range sp of sequence b's n_cmp compressed tokens for the g query heads of KV head kvh:
+    (o, lse) partial sp, and every token's logits in the range to the cache's ``cmp_logits``
+    (the S_c ranges cover [0, n_cmp): every logit the score kernel reads is this step's)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -315,18 +335,22 @@ def _cmp_partial_kernel(
     chunk = tl.cdiv(n_cmp, n_splits)
     lo = sp * chunk
     hi = tl.minimum(lo + chunk, n_cmp)
-    _range_partial(q_ptr, kc_ptr, vc_ptr, o_ptr, lse_ptr, b, kvh, sp, lo, hi, s_qb, s_qh, s_cb, s_ct, s_ch,
-                   n_heads, n_splits, qk_scale, G, G_PAD, HEAD_DIM, D_PAD, BLOCK_N, DOT_PREC)
+    _range_partial(q_ptr, kc_ptr, vc_ptr, o_ptr, lse_ptr, logit_ptr, b, kvh, sp, lo, hi, s_qb, s_qh,
+                   s_cb, s_ct, s_ch, s_lb, s_lh, n_heads, n_splits, qk_scale, G, G_PAD, HEAD_DIM, D_PAD, BLOCK_N,
+                   DOT_PREC, True)
 
 
 @triton.jit
 def _score_kernel(
-    q_ptr, kc_ptr, len_ptr, lse_c_ptr, keys_ptr,
-    s_qb, s_qh, s_cb, s_ct, s_ch, n_heads, n_kv_heads, n_splits_c, n_splits, qk_scale,
-    G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    L: tl.constexpr, S: tl.constexpr, BS: tl.constexpr, T_P: tl.constexpr, BB: tl.constexpr,
-    SC_PAD: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    logit_ptr, len_ptr, lse_c_ptr, keys_ptr,
+    s_lb, s_lh, n_heads, n_kv_heads, n_splits_c, n_splits,
+    G: tl.constexpr, G_PAD: tl.constexpr, L: tl.constexpr, S: tl.constexpr, BS: tl.constexpr,
+    T_P: tl.constexpr, BB: tl.constexpr, SC_PAD: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,
 ):
+    """Range sp of sequence b's blocks for KV head kvh: block scores from the compressed logits
+    ``_cmp_partial_kernel`` stored (log2 units) and the merged lse_cmp, p = exp2(s − lse) summed
+    over the group's g heads in fp32, mapped onto blocks by the overlap weights; the range's top-T
+    as int64 keys (score bits, then the block) at keys_ptr row (b, kvh, sp)."""
     R: tl.constexpr = BS // S  # compressed tokens starting in one block
     JT: tl.constexpr = BB * R  # compressed tokens of one tile: blocks b0 - 1 .. b0 + BB - 2 start there
     b = tl.program_id(0)
@@ -335,9 +359,8 @@ def _score_kernel(
     n = tl.load(len_ptr + b)
     n_cmp = _n_cmp(n, L, S)
     own = (n - 1) // BS
-    dd = tl.arange(0, D_PAD)
-    d_ok = dd < HEAD_DIM
-    q, gg, g_ok = _group_q(q_ptr, b, kvh, s_qb, s_qh, G, G_PAD, dd, d_ok)
+    gg = tl.arange(0, G_PAD)
+    g_ok = gg < G
     # lse_cmp of the group's heads, merged from the compressed-attention partials (log2 units).
     ss = tl.arange(0, SC_PAD)
     rows = b * n_heads + kvh * G + gg
@@ -357,15 +380,15 @@ def _score_kernel(
     run = (col[None, :] - 2 - T_P).to(tl.int64) + tl.zeros([1, T_P], dtype=tl.int64)
     jo = tl.arange(0, JT)
     bb = tl.arange(0, BB)
-    base = kc_ptr + b.to(tl.int64) * s_cb + kvh * s_ch
+    logit_rows = logit_ptr + b.to(tl.int64) * s_lb + (kvh * G + gg).to(tl.int64) * s_lh
     # Tiles of BB - 1 complete blocks: tile tokens [b0·R - R, b0·R - R + JT) hold every compressed
     # token overlapping blocks b0 .. b0 + BB - 2 (a window spills at most into the next block).
     for b0 in range(blo, bhi, BB - 1):
         jj = b0 * R - R + jo
         j_ok = (jj >= 0) & (jj < n_cmp)
-        kt = tl.load(base + jj.to(tl.int64)[None, :] * s_ct + dd[:, None], mask=j_ok[None, :] & d_ok[:, None], other=0.0)
-        p = tl.exp2(tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale - lse2[:, None])
-        p = tl.where(live[:, None] & j_ok[None, :], p, 0.0)
+        # Masked logits load as -inf: p = exp2(-inf - lse2) = 0 (lse2 is finite on every row).
+        s = tl.load(logit_rows[:, None] + jj[None, :], mask=live[:, None] & j_ok[None, :], other=float("-inf"))
+        p = tl.exp2(s - lse2[:, None])
         ps = tl.sum(p, 0)  # [JT], fp32 sum over the group's heads
         blk = b0 + bb
         lo_t = tl.maximum(jj[:, None] * S, blk[None, :] * BS)
@@ -423,8 +446,8 @@ def _sw_partial_kernel(
     is_sel = sp < TOPK
     lo = tl.where(is_sel, sel_lo, win_lo)
     hi = tl.where(is_sel, sel_hi, win_hi)
-    _range_partial(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, kvh, sp, lo, hi, s_qb, s_qh, s_kb, s_kt, s_kh,
-                   n_heads, TOPK + n_splits_w, qk_scale, G, G_PAD, HEAD_DIM, D_PAD, BLOCK_N, DOT_PREC)
+    _range_partial(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, o_ptr, b, kvh, sp, lo, hi, s_qb, s_qh, s_kb, s_kt, s_kh,
+                   0, 0, n_heads, TOPK + n_splits_w, qk_scale, G, G_PAD, HEAD_DIM, D_PAD, BLOCK_N, DOT_PREC, False)
 
 
 @triton.jit
@@ -530,12 +553,9 @@ def nsa_decode(
     """
     cfg = cache.cfg
     check_kernel_call(cache.device, cfg.block_size, "the decode kernels")
-    check_tensor("q", q, 3, (cache.dtype,), cache.device)
+    cache.check_q(q)
     batch, h, d = q.shape
     h_kv = cache.num_kv_heads
-    if batch != cache.batch or d != cache.head_dim or h % h_kv:
-        raise ValueError(f"q must be [batch={cache.batch}, h (a multiple of h_kv={h_kv}), d={cache.head_dim}], "
-                         f"got {tuple(q.shape)}")
     g = h // h_kv
     if g > MAX_GROUP:
         raise ValueError(f"GQA group size g = h / h_kv = {g} exceeds {MAX_GROUP}")
@@ -562,15 +582,17 @@ def nsa_decode(
     block_n = 16 if INTERPRET else 64
     warps = {} if INTERPRET else {"num_warps": 4}
     qk = scale * LOG2E
-    kc, vc, lens = cache.k_cmp, cache.v_cmp, cache.lengths
+    kc, vc, lens, logits = cache.k_cmp, cache.v_cmp, cache.lengths, cache.cmp_logits
     _cmp_partial_kernel[(batch, h_kv, s_c)](
-        q, kc, vc, lens, o_c, lse_c, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
-        h, s_c, qk, L=cfg.kernel_size, S=cfg.kernel_stride, BLOCK_N=block_n, **shape, **warps,
+        q, kc, vc, lens, o_c, lse_c, logits, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
+        logits.stride(0), logits.stride(1), h, s_c, qk, L=cfg.kernel_size, S=cfg.kernel_stride, BLOCK_N=block_n,
+        **shape, **warps,
     )
+    # No MMA here: the group's heads need no padding to 16 rows.
     _score_kernel[(batch, h_kv, s_s)](
-        q, kc, lens, lse_c, keys, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
-        h, h_kv, s_c, s_s, qk, L=cfg.kernel_size, S=cfg.kernel_stride, BS=cfg.block_size, T_P=t_pad, BB=bb,
-        SC_PAD=next_pow2(s_c), INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, **shape, **warps,
+        logits, lens, lse_c, keys, logits.stride(0), logits.stride(1), h, h_kv, s_c, s_s, G=g, G_PAD=next_pow2(g),
+        L=cfg.kernel_size, S=cfg.kernel_stride, BS=cfg.block_size, T_P=t_pad, BB=bb, SC_PAD=next_pow2(s_c),
+        INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, **warps,
     )
     _topk_kernel[(batch * h_kv,)](keys, block_idx, s_s, T_P=t_pad, TOPK=topk, NK=next_pow2(s_s) * t_pad)
     k, v = cache.k, cache.v

@@ -17,12 +17,22 @@ tensor          shape                                   contents
                                                         token t at slot t % l (compression reads
                                                         un-rotated keys); slot l is scratch
 ``lengths``     int32 [batch]                           tokens cached per sequence
+``cmp_logits``  fp32 [batch, h, capacity // s]          the Triton step's scratch: compressed
+                                                        attention's logits q·k_cmp·scale·log2(e)
+                                                        of query head h over compressed token j,
+                                                        rewritten for j < n_cmp every step
 ==============  ======================================  =========================================
 
 A compressed token is appended when a sequence reaches n tokens with n >= l and (n - l) % s == 0:
 token j = (n - l) / s over the raw window [n - l, n), exactly the prefill compression's token j,
 so decode and prefill agree. Memory: 2·capacity·h_kv·d (raw) + 2·(capacity // s)·h_kv·d
-(compressed) + (l + 1)·h_kv·d elements per sequence, in the cache dtype.
+(compressed) + (l + 1)·h_kv·d elements per sequence, in the cache dtype, plus h·(capacity // s)
+fp32 logits: 4·h/s bytes per token of capacity against the raw cache's 2·h_kv·d·2 bytes (bf16,
+fp16), a fraction g/(s·d) of it (g = h/h_kv; s = 16, d = 128: 0.05 % at g = 1, 0.8 % at g = 16).
+The logits are scratch, not state: step 1 of the Triton step (``decode._cmp_partial_kernel``)
+writes them, step 2 (``decode._score_kernel``) reads them, so the block scores need not read
+the compressed keys a second time; the fp32 reference step does not use them. They are sized
+for the query heads the cache is built for (``num_heads``).
 
 Static shapes mean every sequence writes every step; a write that must not land (a sequence that
 completes no compressed token, a prefill padding row, a full sequence when value checks are off)
@@ -36,7 +46,7 @@ skips the check and the token goes to scratch), so a rejected call corrupts noth
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -55,6 +65,7 @@ class NSADecodeCache:
     v_cmp: torch.Tensor
     k_recent: torch.Tensor
     lengths: torch.Tensor
+    cmp_logits: torch.Tensor
     cfg: NSAConfig
     filled: bool = False  # set by ``fill``: a decode step before the prefill is an error
 
@@ -68,13 +79,19 @@ class NSADecodeCache:
         cfg: NSAConfig,
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str = "cuda",
+        *,
+        num_heads: int,
     ) -> NSADecodeCache:
-        """An empty cache for ``batch`` sequences of up to ``capacity`` tokens each."""
+        """An empty cache for ``batch`` sequences of up to ``capacity`` tokens each, attended by
+        ``num_heads`` query heads (a multiple of ``num_kv_heads``; sizes ``cmp_logits``)."""
         if not isinstance(cfg, NSAConfig):
             raise TypeError(f"cfg must be an NSAConfig, got {type(cfg).__name__}")
-        for name, value in (("batch", batch), ("capacity", capacity), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        for name, value in (("batch", batch), ("capacity", capacity), ("num_kv_heads", num_kv_heads),
+                            ("head_dim", head_dim), ("num_heads", num_heads)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         if head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head_dim = {head_dim} exceeds {MAX_HEAD_DIM}")
         if dtype not in KERNEL_DTYPES + (torch.float64,):
@@ -88,6 +105,7 @@ class NSADecodeCache:
             v_cmp=torch.zeros(batch, rows, num_kv_heads, head_dim, **f),
             k_recent=torch.zeros(batch, cfg.kernel_size + 1, num_kv_heads, head_dim, **f),
             lengths=torch.zeros(batch, dtype=torch.int32, device=device),
+            cmp_logits=torch.zeros(batch, num_heads, capacity // cfg.kernel_stride, dtype=torch.float32, device=device),
             cfg=cfg,
         )
 
@@ -105,6 +123,11 @@ class NSADecodeCache:
         return self.k.shape[2]
 
     @property
+    def num_heads(self) -> int:
+        """Query heads the cache is built for (``cmp_logits`` holds one row per head)."""
+        return self.cmp_logits.shape[1]
+
+    @property
     def head_dim(self) -> int:
         return self.k.shape[3]
 
@@ -118,8 +141,14 @@ class NSADecodeCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cache holds (every tensor, lengths included)."""
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.k_cmp, self.v_cmp, self.k_recent, self.lengths))
+        """Bytes the cache holds (every tensor, lengths and the ``cmp_logits`` scratch included)."""
+        return sum(t.numel() * t.element_size()
+                   for t in (self.k, self.v, self.k_cmp, self.v_cmp, self.k_recent, self.lengths, self.cmp_logits))
+
+    def clone(self) -> NSADecodeCache:
+        """An independent copy: every tensor cloned, the same config and ``filled``."""
+        return replace(self, **{f.name: getattr(self, f.name).clone() for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
 
     def check_kv(self, name: str, t: torch.Tensor, rows: int | None = None) -> None:
         """t [rows (default: batch), h_kv, d] in the cache's dtype and device."""
@@ -128,17 +157,23 @@ class NSADecodeCache:
         if tuple(t.shape) != want:
             raise ValueError(f"{name} must have shape {list(want)} (tokens, h_kv, d), got {tuple(t.shape)}")
 
+    def check_q(self, q: torch.Tensor) -> None:
+        """q [batch, num_heads, d] in the cache's dtype and device."""
+        check_tensor("q", q, 3, (self.dtype,), self.device)
+        want = (self.batch, self.num_heads, self.head_dim)
+        if tuple(q.shape) != want:
+            raise ValueError(f"q must be [batch, h, d] = {list(want)} (the heads the cache was built for), "
+                             f"got {tuple(q.shape)}")
+
     def check_token(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
         pe: torch.Tensor, inv_freq: torch.Tensor,
     ) -> None:
-        """The arguments of a step's ``append_token`` (ops/decode.py): q [batch, h, d] (h a
-        multiple of h_kv), k, v [batch, h_kv, d] in the cache's dtype; w_k, w_v [h_kv, l*d, d],
+        """The arguments of a step's ``append_token`` (ops/decode.py): q [batch, h, d] (h the
+        cache's ``num_heads``), k, v [batch, h_kv, d] in the cache's dtype; w_k, w_v [h_kv, l*d, d],
         pe [h_kv, l, d]; inv_freq float32 [d / 2]. Host-side only: reads no device value."""
         d, h_kv, l = self.head_dim, self.num_kv_heads, self.cfg.kernel_size
-        check_tensor("q", q, 3, (self.dtype,), self.device)
-        if q.shape[0] != self.batch or q.shape[2] != d or q.shape[1] % h_kv:
-            raise ValueError(f"q must be [batch={self.batch}, h (a multiple of h_kv={h_kv}), d={d}], got {tuple(q.shape)}")
+        self.check_q(q)
         self.check_kv("k", k)
         self.check_kv("v", v)
         for name, t, shape in (("w_k", w_k, (h_kv, l * d, d)), ("w_v", w_v, (h_kv, l * d, d)), ("pe", pe, (h_kv, l, d))):

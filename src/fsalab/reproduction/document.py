@@ -190,6 +190,11 @@ _BLOCK = re.compile(r"<!-- generated:(?P<name>[a-z0-9-]+) \(fsalab reproduction;
                     r"(?P<body>.*?)<!-- /generated:(?P=name) -->", re.S)
 
 
+def _rows_of(commits: tuple[str, ...]) -> str:
+    """'rows of commit a' or 'rows of commits a, b' for the commits a generated block's rows name."""
+    return f"rows of commit{'s' if len(commits) != 1 else ''} {', '.join(commits)}"
+
+
 def _range(series: pd.Series, spec: str = ".2f") -> str:
     s = pd.to_numeric(series, errors="coerce").dropna()
     return f"{s.min():{spec}}–{s.max():{spec}}×" if len(s) else "—"
@@ -215,8 +220,8 @@ def _kernel_block(t: Tables) -> list[str]:
         r, f = sel.loc[g], full.loc[g] if g in full.index else pd.Series(dtype=float)
         cells = [pair(r, (impl,)) for impl in ("nsa", "fsa_paper", "fsa", "auto")]
         rows.append(f"| {g} | " + " | ".join(cells) + f" | {fmt(f.get('fwd'))} / {fmt(f.get('bwd'))} |")
-    commits = ", ".join(m.commits_of(at[at["op"].isin(["selected", "full_attention"])]))
-    return [*rows, "", f"(`results/{t.platform}/kernel.csv`, rows of commits {commits})"]
+    commits = m.commits_of(at[at["op"].isin(["selected", "full_attention"])])
+    return [*rows, "", f"(`results/{t.platform}/kernel.csv`, {_rows_of(commits)})"]
 
 
 def _kernel_findings_block(t: Tables) -> list[str]:
@@ -276,7 +281,7 @@ def _versus_block(t: Tables) -> list[str]:
         cells = [f"{fmt(at.loc[d, 'median_ms'])} / {at.loc[d, 'ratio_to_cudnn']:.2f}×" if d in at.index else "—"
                  for d in ("fwd", "fwd+bwd")]
         rows.append(f"| {n // 1024}K | {g} | " + " | ".join(cells) + " |")
-    return [*rows, "", f"(`results/{t.platform}/versus.csv`, rows of commits {', '.join(m.commits_of(auto))})"]
+    return [*rows, "", f"(`results/{t.platform}/versus.csv`, {_rows_of(m.commits_of(auto))})"]
 
 
 def _decode_block(t: Tables) -> list[str]:
@@ -311,18 +316,18 @@ def _decode_block(t: Tables) -> list[str]:
     vs_nsa, vs_full = m.impl_ratio(inf, keys, "median_ms", "nsa"), m.impl_ratio(inf, keys, "median_ms", "sdpa_cudnn")
     if len(vs_nsa):
         text.append(f"One layer's inference at 128K/256K (prefill + 512 tokens, Table 9's setting): FSA over NSA "
-                    f"{_range(vs_nsa)}, over cuDNN full attention {_range(vs_full)} (`results/{t.platform}/inference.csv`).")
-    commits = ", ".join(m.commits_of(ok))
+                    f"{_range(vs_nsa)}, over cuDNN full attention {_range(vs_full)} (`results/{t.platform}/inference.csv`, "
+                    f"{_rows_of(m.commits_of(inf))}).")
     return [*rows, "", textwrap.fill(" ".join(text), 100) if text else "",
-            f"(`results/{t.platform}/decode.csv`, rows of commits {commits})"]
+            f"(`results/{t.platform}/decode.csv`, {_rows_of(m.commits_of(ok))})"]
 
 
 def _end_to_end_block(t: Tables) -> list[str]:
     train, prefill = t("train"), t("prefill")
     text = (f"FSA over NSA {_range(m.e2e_vs_nsa(train))} per training step and {_range(m.e2e_vs_nsa(prefill))} per "
             f"prefill across the models, 32K/64K and both (B, T); over the fastest full attention "
-            f"{_range(m.e2e_vs_full(train))} and {_range(m.e2e_vs_full(prefill))} (rows of commits "
-            f"{', '.join(m.commits_of(train, prefill))}).")
+            f"{_range(m.e2e_vs_full(train))} and {_range(m.e2e_vs_full(prefill))} ("
+            f"{_rows_of(m.commits_of(train, prefill))}).")
     gap = m.full_depth_vs_estimate(train, t.multi("train_fsdp"))
     if len(gap):
         text += (f" Full-depth FSDP2 steps on {', '.join(sorted(t.multi('train_fsdp')['host'].unique()))} lie within "

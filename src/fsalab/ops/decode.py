@@ -446,6 +446,7 @@ def _sw_partial_kernel(
     is_sel = sp < TOPK
     lo = tl.where(is_sel, sel_lo, win_lo)
     hi = tl.where(is_sel, sel_hi, win_hi)
+    # No logits stored here (STORE_LOGITS off: the logit pointer and strides are placeholders).
     _range_partial(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, o_ptr, b, kvh, sp, lo, hi, s_qb, s_qh, s_kb, s_kt, s_kh,
                    0, 0, n_heads, TOPK + n_splits_w, qk_scale, G, G_PAD, HEAD_DIM, D_PAD, BLOCK_N, DOT_PREC, False)
 

@@ -52,7 +52,9 @@ def test_smoke_rows(tmp_path):
                 assert row["check"]["status"] == "pass", row["check"]
                 assert row["median_ms"] > 0 and len(row["samples_ms"]) >= 1
         if name == "generate":
-            assert all(r["tokens_per_s"] > 0 for r in rows)
+            for r in rows:
+                assert r["tokens_per_s"] > 0 and len(r["prefill_samples_ms"]) == len(r["samples_ms"])
+                assert r["mean_step_ms"] == pytest.approx((r["median_ms"] - r["prefill_ms"]) / (r["steps"] - 1))
         if name == "inference":
             assert all(r["median_ms"] > r["prefill_ms"] for r in rows)
 

@@ -19,12 +19,9 @@ import json
 import os
 import re
 
-import torch
-
 from ..config import NSAConfig
 
-# Dtype names of points and result rows -> torch dtypes, and their tag in a point id.
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+# Dtype names of points and result rows -> torch dtypes (``DTYPES``, below), and their tag in a point id.
 DTYPE_TAGS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 _DIRECTION_TAGS = {"fwd": "fwd", "bwd": "bwd", "fwd+bwd": "fwdbwd"}
 
@@ -181,3 +178,14 @@ def expand_subgrid(sub: dict) -> list[dict]:
                 point[key] = value
         points.append(point)
     return points
+
+
+def __getattr__(name: str):
+    """``DTYPES`` (dtype name -> torch dtype), built on first use: the point ids, grids and tables
+    of this module serve processes that never import torch (``fsalab aggregate``, the notebooks),
+    and torch's import is most of their start-up."""
+    if name == "DTYPES":
+        import torch
+
+        return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,8 +14,6 @@ import re
 import subprocess
 from datetime import datetime, timezone
 
-import torch
-
 from .repo import REPO_ROOT
 
 # GPU name fragments -> platform name; the first match wins (order matters: "h200" before "h20").
@@ -40,6 +38,8 @@ def interpreter_active() -> bool:
 
 def gpu_name() -> str | None:
     """Name of CUDA device 0, or None without a usable CUDA device."""
+    import torch  # in the functions that need it: the aggregating processes never import torch
+
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
@@ -168,6 +168,8 @@ def _driver_version() -> str | None:
 
 def provenance() -> dict:
     """Machine, software and code state, JSON-serialisable."""
+    import torch
+
     info = {
         "platform": detect_platform(),
         "machine": machine_platform(),

@@ -15,10 +15,12 @@ import math
 import time
 import traceback
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .provenance import check_destination, machine_platform, provenance
+
+if TYPE_CHECKING:
+    import torch
 
 STATUSES = ("ok", "oom", "error", "unsupported")
 # DESIGN §2: every aggregated table has at least these columns, in this order.
@@ -83,6 +85,8 @@ def classify(exc: BaseException) -> str:
     """Row status of a failure: ``oom``; ``unsupported`` when the op, impl or configuration is
     not available or rejected here (``ops.Unsupported``, ValueError, NotImplementedError,
     ImportError, an impl lacking a requested keyword switch); ``error`` otherwise."""
+    import torch  # here, not at the top: the aggregating processes read COLUMNS without torch
+
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
         return "oom"
     if isinstance(exc, (Unsupported, NotImplementedError, ValueError, ImportError)):

@@ -18,7 +18,7 @@
   (``tl.constexpr``, for kernels): exp2/log2 conversions of the online softmaxes.
 - ``next_pow2(x)``, ``search_steps(n)``, ``dot_precision(dtype)``: launch arithmetic;
   ``tile_config`` builds an autotune config, ``unit_last_stride`` the layout the loads assume.
-- ``patch_interpreter()``: the interpreter fix below, applied when this module is imported.
+- ``patch_interpreter()``: the interpreter fixes below, applied when this module is imported.
 """
 
 from __future__ import annotations
@@ -117,27 +117,60 @@ def autotune(
 
 
 def patch_interpreter() -> None:
-    """Compatibility of the Triton interpreter with numpy >= 2.4.
+    """Two fixes of the Triton interpreter (3.x), applied once; each does nothing when the
+    interpreter's internals differ from what it expects.
 
-    The interpreter keeps scalars as 1-element arrays and turns them into Python ints with
-    ``int(array)`` when a loaded value is a loop bound; numpy 2.4 rejects that for arrays with
-    ndim > 0. The patch gives interpreted tensors an ``__index__`` that reads the single element.
-    It is idempotent and does nothing when the interpreter's internals differ from what it expects.
+    - numpy >= 2.4: the interpreter keeps scalars as 1-element arrays and turns them into Python
+      ints with ``int(array)`` when a loaded value is a loop bound; numpy 2.4 rejects that for
+      arrays with ndim > 0. Interpreted tensors get an ``__index__`` that reads the single element.
+    - speed: every call of a ``@triton.jit`` helper from a kernel re-patches the ``triton.language``
+      modules its globals name (``_patch_lang``: ~1.3 ms of ``inspect.getmembers``; 75 % of an NSA
+      forward's time), although the launch running it has patched those module objects already.
+      Inside a launch, a helper whose modules (``tl``; ``tl.core`` for Triton's own helpers) are
+      patched skips it; the first patch of each, and the launch's restore at its end, are unchanged.
     """
     if not INTERPRET:
         return
     from triton.runtime import interpreter
 
     patch = getattr(interpreter, "_patch_lang_tensor", None)
-    if patch is None or getattr(patch, "_fsalab_fixed", False):
+    if patch is not None and not getattr(patch, "_fsalab_fixed", False):
+
+        def patched(tensor, scope):
+            patch(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+        patched._fsalab_fixed = True
+        interpreter._patch_lang_tensor = patched
+
+    patch_lang, launch = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "GridExecutor", None)
+    if None in (patch_lang, launch, getattr(interpreter, "_LangPatchScope", None)) or getattr(patch_lang, "_fsalab_fixed", False):
         return
+    state = {"launches": 0, "langs": set()}  # launches running; language modules the current one patched
+    langs_of: dict = {}  # function -> ids of the triton.language modules its globals name (what it patches)
 
-    def patched(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+    def patch_once(fn):
+        langs = langs_of.get(fn)
+        if langs is None:
+            langs = langs_of[fn] = frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+        if state["launches"] and langs <= state["langs"]:
+            return interpreter._LangPatchScope()  # a helper inside a launch: already patched, nothing to undo
+        scope = patch_lang(fn)
+        if state["launches"]:
+            state["langs"] |= langs
+        return scope
 
-    patched._fsalab_fixed = True
-    interpreter._patch_lang_tensor = patched
+    def run_launch(self, *args, **kwargs):
+        state["launches"] += 1
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            state["launches"] -= 1
+            state["langs"] = set()
 
+    run = launch.__call__
+    patch_once._fsalab_fixed = True
+    interpreter._patch_lang = patch_once
+    launch.__call__ = run_launch
 
 patch_interpreter()

@@ -229,6 +229,8 @@ def select_blocks(
     batch = cu_seqlens.numel() - 1
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
     grid = lambda meta: (batch + total // (meta["BLOCK_M"] // g_hi), h_kv)
+    # Interpreter tile: 64 query tokens (the GPU tile at g = 1); the interpreter pays per program
+    # and op, and the tests' long sequences still span several tiles.
     _select_kernel[grid](
         q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, out, batch, _search_steps(batch), scale * _LOG2E,
         q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), lse_cmp.stride(0), lse_cmp.stride(1),
@@ -236,6 +238,6 @@ def select_blocks(
         G=g, G_HI=g_hi, G_LO_P=g_lo, HEAD_DIM=d, D_PAD=max(16, _next_pow2(d)), L=cfg.kernel_size, S=cfg.kernel_stride,
         BS=cfg.block_size, TOPK=cfg.topk, T_P=t_pad, BB=max(t_pad, triton.cdiv(16, r)),
         INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, DOT_PREC=_dot_precision(q.dtype),
-        **_meta(BLOCK_M=16 * g_hi),
+        **_meta(BLOCK_M=64 * g_hi),
     )
     return out

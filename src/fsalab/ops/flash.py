@@ -105,7 +105,7 @@ def _meta(block_m: int, block_n: int) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Device helpers
 # ----------------------------------------------------------------------------------------------
-# The per-tile steps inline their masks (the interpreter pays ~0.3 ms per nested jit call), and on
+# The per-tile steps inline their masks (fewer nested jit calls for the interpreter to run), and on
 # GPU a d-mask `arange(D_PAD) < D` keeps loads vectorized (its constancy is the divisibility of
 # D). Steps rebuild their tile pointers from a scalar row: loop-carried [tile, D] tensors of
 # 64-bit pointers cost the registers that made the dk/dv kernel spill.

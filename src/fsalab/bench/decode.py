@@ -2,8 +2,9 @@
 
 - ``decode_step`` (FSA Table 10): one decode step of one attention layer at context N, mean step
   latency over ``steps`` generated tokens, replayed from a CUDA graph. fsalab's NSA step
-  (impl ``triton``: RoPE of q and k, cache append, compression, the decode kernels; ``reference``: the fp32
-  PyTorch step, tiny sizes only) runs the real loop, its cache growing from N to N + steps.
+  (impl ``triton``: RoPE of q and k, cache append, compression, the decode kernels;
+  ``reference``: the fp32 PyTorch step, tiny sizes only) runs the real loop, its cache growing
+  from N to N + steps.
   Full-attention decode baselines over a cache of N tokens: torch SDPA (``sdpa_flash``,
   ``sdpa_cudnn``, ``sdpa_math``; GQA through ``enable_gqa``; fixed context N, nothing
   appended), flash-attn's ``flash_attn_with_kvcache`` (``flash_attn``: appends in place, the
@@ -13,7 +14,8 @@
   generated tokens; NSA = the module's ``attend`` (compression, selection ``impl``, window,
   gates; filling the cache) then ``attend_decode`` steps (graph-replayed); full attention =
   SDPA causal prefill then SDPA decode steps over the N prefilled tokens, graph-replayed at that
-  fixed shape (the steps' growth left out, in full attention's favour). ``median_ms`` is prefill + steps x the step's mean; the q/k/v/o projections are not included.
+  fixed shape (the steps' growth left out, in full attention's favour). ``median_ms`` is
+  prefill + steps x the step's mean; the q/k/v/o projections are not included.
 - ``generate``: tokens/s of a patched model (``model``, ``layers``; NSA impls) or of the
   model's own attention (full impls, HF's DynamicCache) through ``model.generate``, greedy,
   prompts of N tokens, ``steps`` new tokens; wall clock of the whole call, and of a one-token

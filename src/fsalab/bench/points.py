@@ -187,5 +187,7 @@ def __getattr__(name: str):
     if name == "DTYPES":
         import torch
 
-        return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+        dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+        globals()["DTYPES"] = dtypes  # later lookups find the module attribute, not this hook
+        return dtypes
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -172,6 +172,16 @@ def test_supersede_sets_aside_rows_of_older_commits(tmp_path):
     assert results.supersede("h200", head, tmp_path, ["kernel"]) == []  # idempotent
 
 
+def test_supersede_only_points_matching_a_filter(tmp_path):
+    old = "fedcba9876543210fedcba9876543210fedcba98"
+    versus = tmp_path / "h200" / "versus"
+    for point in ("x-N65536-g4", "x-N65536-g1", "x-N16384-g4"):
+        _point_file(versus, point, old)
+    moves = results.supersede("h200", old[:7] + "0", tmp_path, ["versus"], point_filter=r"-N65536-g(4|5)$")
+    assert [m.split("/")[-1] for _, m in moves] == ["x-N65536-g4.fedcba9.json"]
+    assert sorted(p.name for p in versus.iterdir()) == ["x-N16384-g4.json", "x-N65536-g1.json"]
+
+
 def test_commit_order_from_git():
     import subprocess
 

@@ -11,7 +11,7 @@
     fsalab bench-decode --experiment decode --all                 decode step, inference, generate
     fsalab bench-train|bench-prefill|bench-convergence ...   end-to-end runners (fsalab.bench.*)
     fsalab theory --experiment theory --out results/<platform>/theory.csv
-    fsalab supersede --platform h200 --min-commit SHA [--dry-run]   set aside rows of older commits
+    fsalab supersede --platform h200 --min-commit SHA [--filter RE] [--dry-run]   set aside rows of older commits
     fsalab aggregate --experiment kernel [--platform h200]        -> results/<platform>/kernel.csv
     fsalab migrate-ids                           rename result files to the ids their parameters give
     fsalab notebook analysis/kernel.ipynb --platform h200 --figures paper_figures
@@ -202,7 +202,8 @@ def cmd_migrate_ids(args) -> int:
 def cmd_supersede(args) -> int:
     from . import results
 
-    moves = results.supersede(args.platform, args.min_commit, args.results_dir, args.experiment, args.dry_run)
+    moves = results.supersede(args.platform, args.min_commit, args.results_dir, args.experiment, args.dry_run,
+                              args.filter)
     for old, new in moves:
         print(f"{old} -> {new}")
     print(f"{len(moves)} point files measured before {args.min_commit} {'would move' if args.dry_run else 'moved'}",
@@ -354,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--platform", required=True)
     p.add_argument("--min-commit", required=True, help="rows of this commit or its descendants stay")
     p.add_argument("--experiment", nargs="+", help="only these experiments (default: all)")
+    p.add_argument("--filter", help="only points whose id matches this regular expression")
     p.add_argument("--results-dir", default="results")
     p.add_argument("--dry-run", action="store_true", help="print the moves only")
     p.set_defaults(func=cmd_supersede)

@@ -243,12 +243,16 @@ def measured_at_or_after(row_commit: str | None, min_commit: str, repo: str | Pa
 
 
 def supersede(platform: str, min_commit: str, results_dir: str | Path | None = None,
-              experiments: list[str] | None = None, dry_run: bool = False) -> list[tuple[str, str]]:
+              experiments: list[str] | None = None, dry_run: bool = False,
+              point_filter: str | None = None) -> list[tuple[str, str]]:
     """Move the point files of ``results/<platform>/<experiment>/`` measured before
     ``min_commit`` (``measured_at_or_after``) to ``results/<platform>/superseded/<experiment>/
     <point>.<commit>.json``, out of every table and of every skip-existing check, so a re-run
     measures those points again at the new commit; nothing is deleted. ``experiments``: only
-    these (default: every known experiment). Returns (old, new) paths."""
+    these (default: every known experiment); ``point_filter``: only points whose id matches
+    this regular expression (``re.search``, as the runners' ``--filter``). Returns (old, new)
+    paths."""
+    pick = re.compile(point_filter) if point_filter else None
     root = results_root(results_dir) / platform
     moves = []
     for experiment in experiments if experiments is not None else known_experiments():
@@ -256,6 +260,8 @@ def supersede(platform: str, min_commit: str, results_dir: str | Path | None = N
             row = json.loads(path.read_text())
             if "point" not in row or "provenance" not in row:
                 continue  # not a result row
+            if pick is not None and not pick.search(row["point"]):
+                continue
             commit = row["provenance"].get("git_commit")
             if measured_at_or_after(commit, min_commit):
                 continue

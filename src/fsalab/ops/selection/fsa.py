@@ -25,8 +25,9 @@ block_idx int32 [total, h_kv, topk] (local block ids, ascending, -1 padding), cu
 [batch + 1], block_size a power of two >= 16 (inputs are validated by
 ``selection.selected_attention``, as for the NSA kernel), and return o [total, h, d]
 (q's dtype) and lse [total, h] (fp32, natural log; -inf for tokens with no selected block).
-Partial outputs are kept in q's dtype (normalised, so bounded by max |v|), dq partials and
-dK/dV accumulators in fp32. Heads are processed in chunks whose partial buffers fit
+Partial outputs are kept in q's dtype (normalised, so bounded by max |v|), as are the fused
+backward's dq partials (summed in fp32 by the merge); the dq partials of the paper's backward and
+the dK/dV accumulators in fp32. Heads are processed in chunks whose partial buffers fit
 g x ``fsa_plan.BUFFER_BUDGET_BYTES``. No host synchronisation: every grid and buffer is sized from
 shapes and the index lists are built on device once per forward and reused by the backward.
 """
@@ -304,10 +305,19 @@ def _dq_by_chunks(pb, do, lse, delta, dq, paper_switches=None, inner_loop=True):
         _launch_merge(pb, c, SUM, dqbuf, None, dq, None)
 
 
+def _fused_dq_dtype(pb: _Problem) -> torch.dtype:
+    """Element type of the fused backward's dq partials: q's own. Each partial is rounded once to
+    the dtype dq is returned in (error <= u * sum_t |dq_t| against u * |sum_t dq_t| for the final
+    rounding; the merge sums in fp32), which halves the bytes the dK/dV pass writes and the merge
+    reads at fp16/bf16 (8.6 GB at 64K, g = 4, (64, 16))."""
+    return pb.q.dtype
+
+
 def _backward_fast(pb: _Problem, o, lse, do, dlse):
     delta = _delta(o, do, dlse)
     dq, dk, dv = torch.empty_like(pb.q), torch.empty_like(pb.k), torch.empty_like(pb.v)
-    per_head = pb.total * pb.topk * pb.d * 4
+    dq_dtype = _fused_dq_dtype(pb)
+    per_head = pb.total * pb.topk * pb.d * dq_dtype.itemsize
     if not plan.fits_whole_groups(per_head):
         # A group's dq partials exceed the budget: dK/dV for all heads at once, dq by head chunks.
         _dkdv_all_heads(pb, do, lse, delta, dk, dv)
@@ -315,7 +325,7 @@ def _backward_fast(pb: _Problem, o, lse, do, dlse):
         return dq, dk, dv
     # One pass: dK/dV of whole KV heads and the dq partials of all their heads.
     chunks = plan.head_chunks(pb.h_kv, pb.g, per_head, allow_partial_groups=False)
-    dqbuf, _ = _chunk_buffers(pb, chunks, torch.float32, False)
+    dqbuf, _ = _chunk_buffers(pb, chunks, dq_dtype, False)
     tiles = plan.bwd_tiles(pb.g, pb.D, pb.block_size)
     split = _split_work(pb, chunks, tiles)
     for c in chunks:

@@ -4,7 +4,7 @@ partials of the same pass), the merge of rows split over several programs, and d
 ``_dkdv_kernel``: one program per (CSR row, range of its tokens). For each key sub-tile of the
 block it loads K/V once and walks the row's selecting tokens (TOK tokens x G heads per tile,
 as in ``fsa_partials``), accumulating dK and dV in fp32 registers. With FUSED_DQ it also writes each
-entry's dq partial (scale * ds K) to the compact buffer, so q, dO, lse and delta are gathered
+entry's dq partial (scale * ds K, in the buffer's dtype: q's) to the compact buffer, so q, dO, lse and delta are gathered
 once for both gradients; with several key sub-tiles the later ones add to the partial the first
 one wrote (same program, same layout, so no race). Without FUSED_DQ each key sub-tile gets its
 own program (grid axis 1) and the token loop is the only loop: the fp16 dK of the fsa_paper
@@ -116,8 +116,8 @@ def _dkdv_subtile(
             dq = tl.dot(ds.to(k_blk.dtype), k_blk, input_precision=PREC) * sm_scale
             dqp = dqbuf + ((pos - base).to(tl.int64) * G + jj)[:, None] * d + dd[None, :]
             if kt > 0:
-                dq += tl.load(dqp, mask=qmask, other=0.0)
-            tl.store(dqp, dq, mask=qmask)
+                dq += tl.load(dqp, mask=qmask, other=0.0).to(tl.float32)
+            tl.store(dqp, dq.to(dqbuf.dtype.element_ty), mask=qmask)
     dk_acc = dk_acc * sm_scale
     if split:
         so = (slot.to(tl.int64) * block_size + c)[:, None] * d + dd[None, :]

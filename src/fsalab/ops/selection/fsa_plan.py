@@ -152,7 +152,7 @@ def fwd_tiles(G: int, D: int, block_size: int, paper: bool, dq: bool = False, in
 def bwd_tiles(G: int, D: int, block_size: int) -> Tiles:
     """dK/dV tiles: fp32 dK and dV accumulators of BLOCK_N x D each live in registers. 64 rows
     (tokens x heads) per tile up to D = 128: against 32 rows, 0.83-0.90x the backward's time at
-    64K with q-dtype dq partials (results/h200/checks/ab-dq-partials-*.log)."""
+    64K with q-dtype dq partials (results/h200/checks/ab-dq-partials/)."""
     block_n = min(block_size, 64)
     if interpreting():
         block_m, warps, stages = max(64, next_pow2(G)), 4, 1

@@ -3,10 +3,10 @@ partials of the same pass), the merge of rows split over several programs, and d
 
 ``_dkdv_kernel``: one program per (CSR row, range of its tokens). For each key sub-tile of the
 block it loads K/V once and walks the row's selecting tokens (TOK tokens x G heads per tile,
-as in ``fsa_partials``), accumulating dK and dV in fp32 registers. With FUSED_DQ it also writes each
-entry's dq partial (scale * ds K, in the buffer's dtype: q's) to the compact buffer, so q, dO, lse and delta are gathered
-once for both gradients; with several key sub-tiles the later ones add to the partial the first
-one wrote (same program, same layout, so no race). Without FUSED_DQ each key sub-tile gets its
+as in ``fsa_partials``), accumulating dK and dV in fp32 registers. With FUSED_DQ it also writes
+each entry's dq partial (scale * ds K, in the buffer's dtype: q's) to the compact buffer, so q,
+dO, lse and delta are gathered once for both gradients; with several key sub-tiles the later ones
+add to the partial the first one wrote (same program, same layout, so no race). Without FUSED_DQ each key sub-tile gets its
 own program (grid axis 1) and the token loop is the only loop: the fp16 dK of the fsa_paper
 backward (128-key blocks, two sub-tiles walked in a loop around the token loop) came out wrong on
 the H200 while dV and the fused variant were right, with no difference under the interpreter.

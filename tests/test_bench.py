@@ -1,5 +1,6 @@
 """Experiment configs, the kernel runner, aggregation and the REPRODUCTION.md writer (CPU, tiny)."""
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -363,3 +364,29 @@ def test_nsa_attention_gate_impl_option(device):
                         for o in (None, {"gate_impl": "reference"}))
     assert torch.equal(fused[1], torch_ops[1])  # same blocks selected
     torch.testing.assert_close(fused[0], torch_ops[0], atol=2e-3, rtol=2e-3)  # fp16, rounded once vs per op
+
+
+@pytest.mark.parametrize("kernel_size,kernel_stride", [(32, 16), (16, 16), (32, 8)])
+def test_closed_form_flops_match_the_runners_key_counts(kernel_size, kernel_stride):
+    """bench.flops' per-sequence counts (what the notebooks use without torch) equal the keys the
+    runners count on packed inputs (``attended_keys``), for sequences shorter than, equal to and
+    longer than kernel_size."""
+    from fsalab.bench import flops
+    from fsalab.bench.inputs import Inputs, attended_keys
+    from fsalab.config import NSAConfig
+
+    cfg = NSAConfig(kernel_size=kernel_size, kernel_stride=kernel_stride, block_size=32, topk=4, window_size=64)
+    lengths, h, h_kv, d = [5, kernel_size - 1, kernel_size, kernel_size + 1, 300], 6, 2, 16
+    total = sum(lengths)
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+    x = Inputs({"q": torch.zeros(total, h, d), "k": torch.zeros(total, h_kv, d)},
+               torch.full((total, h_kv, cfg.topk), -1, dtype=torch.int32), cu, cfg, max(lengths))
+    keys = attended_keys(x)
+    for n in lengths:  # brute force per position
+        assert cfg.visible_compressed_keys(n) == sum(cfg.num_compressed(t + 1) for t in range(n))
+    assert keys["compressed"] == h * sum(cfg.visible_compressed_keys(n) for n in lengths)
+    assert keys["full_attention"] * 4 * d == sum(flops.causal_attention_flops(n, h, d) for n in lengths)
+    rows_cmp = sum(cfg.num_compressed(n) for n in lengths)
+    cmp_only = {"compressed": keys["compressed"]}
+    assert flops.useful_flops("compressed", cmp_only, d, cfg, h_kv, rows_cmp) == pytest.approx(
+        sum(sum(flops.compression_branch_parts(n, h, h_kv, d, cfg).values()) for n in lengths))

@@ -10,8 +10,8 @@ from fsalab.testing import check_selected_attention, make_batch, random_block_id
 
 
 def test_rules_pick_fsa_forward_and_nsa_backward_for_large_groups():
-    assert dispatch.rule(1) == ("fsa", "fsa") and dispatch.rule(4) == ("fsa", "fsa")
-    assert dispatch.rule(5) == ("fsa", "nsa") and dispatch.rule(16) == ("fsa", "nsa")
+    assert dispatch.rule(1) == ("fsa", "fsa") and dispatch.rule(5) == ("fsa", "fsa") and dispatch.rule(8) == ("fsa", "fsa")
+    assert dispatch.rule(9) == ("fsa", "nsa") and dispatch.rule(16) == ("fsa", "nsa")
 
 
 def test_shape_key_buckets_tokens_and_records_gradients():

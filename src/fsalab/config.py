@@ -68,6 +68,16 @@ class NSAConfig:
         """Compressed tokens of a sequence of n tokens: floor((n - l) / s) + 1, 0 when n < l."""
         return 0 if n < self.kernel_size else (n - self.kernel_size) // self.kernel_stride + 1
 
+    def visible_compressed_keys(self, n: int) -> int:
+        """Compressed tokens attended, summed over the n positions of one sequence: position t
+        sees floor((t - l + 1) / s) + 1 of them from t = l - 1 on (those whose window ends at or
+        before t), none before."""
+        m = n - self.kernel_size + 1  # positions that see at least one
+        if m <= 0:
+            return 0
+        q, r = divmod(m, self.kernel_stride)
+        return m + self.kernel_stride * q * (q - 1) // 2 + r * q
+
     def num_blocks(self, n: int) -> int:
         """Selection blocks of a sequence of n tokens (the last one may be partial)."""
         return -(-n // self.block_size)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..checks import value_checks_off
-from . import ops
+from . import flops, ops
 from .check import check
 from .inputs import attended_keys, input_key, make_inputs
 from .provenance import detect_platform
@@ -39,8 +39,8 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
         row["inputs"] = inputs.info
         keys = attended_keys(inputs)
         rows_cmp = p["batch"] * inputs.cfg.num_compressed(p["N"])
-        flops = ops.useful_flops(p["op"], keys, p["d"], inputs.cfg, p["h_kv"], rows_cmp)
-        row["useful_flops"] = flops * ops.DIRECTION_FLOP_FACTOR[p["direction"]]
+        fwd_flops = flops.useful_flops(p["op"], keys, p["d"], inputs.cfg, p["h_kv"], rows_cmp)
+        row["useful_flops"] = fwd_flops * flops.DIRECTION_FLOP_FACTOR[p["direction"]]
         if check_cfg.get("enabled", True):
             row["check"] = check(bound, inputs, p["direction"], check_cfg.get("max_tokens", 4096),
                                  check_cfg.get("factor", 2.0), p["seed"])

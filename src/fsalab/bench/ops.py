@@ -297,27 +297,3 @@ def direction_callable(bound: BoundOp, inputs: Inputs, direction: str, seed: int
         return lambda: torch.autograd.grad(graph_out, leaves, do, retain_graph=True, allow_unused=True)
     del o  # fwd+bwd rebuilds the graph on every call; don't hold this one during timing
     return lambda: torch.autograd.grad(bound.fn(x)[0], leaves, do, allow_unused=True)
-
-
-def useful_flops(op: str, keys: dict[str, float], d: int, cfg, h_kv: int, rows_cmp: float) -> float:
-    """Forward FLOPs of the work the op must do (2 per multiply-add; causal keys only).
-
-    Attention: 4·d per (query head, attended key) — QKᵀ and PV. Compression adds the two linear
-    maps, 2·(l·d)·d·2 per compressed token and KV head (``rows_cmp`` compressed tokens), and
-    block scoring recomputes QKᵀ over the visible compressed keys (2·d per head and key).
-    """
-    attn = {name: 4 * d * n for name, n in keys.items()}
-    compression = 4 * cfg.kernel_size * d * d * h_kv * rows_cmp + attn["compressed"] * 1.5
-    if op == "selected":
-        return attn["selected"]
-    if op == "window":
-        return attn["window"]
-    if op == "full_attention":
-        return attn["full_attention"]
-    if op == "compressed":
-        return compression
-    return compression + attn["selected"] + attn["window"]
-
-
-# Backward costs 2.5x the forward (FlashAttention's convention: 5 matmuls against 2).
-DIRECTION_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}

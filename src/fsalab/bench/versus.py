@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from ..checks import value_checks_off
-from . import grid, ops
+from . import flops, grid, ops
 from .check import check
 from .inputs import attended_keys, input_key, make_inputs
 from .provenance import detect_platform, provenance
@@ -207,8 +207,8 @@ def _measure_group(points, rows, device, method, rounds, warmup, timing_cfg, che
         try:
             bound = ops.bind(p["op"], p["impl"], p.get("options"))
             row["sources"], row["inputs"] = bound.sources, inputs.info
-            flops = ops.useful_flops(p["op"], keys, p["d"], inputs.cfg, p["h_kv"], rows_cmp)
-            row["useful_flops"] = flops * ops.DIRECTION_FLOP_FACTOR[direction]
+            fwd_flops = flops.useful_flops(p["op"], keys, p["d"], inputs.cfg, p["h_kv"], rows_cmp)
+            row["useful_flops"] = fwd_flops * flops.DIRECTION_FLOP_FACTOR[direction]
             if check_cfg.get("enabled", True):
                 row["check"] = check(bound, inputs, direction, check_cfg.get("max_tokens", 4096),
                                      check_cfg.get("factor", 2.0), p["seed"])

@@ -140,13 +140,20 @@ def test_fsa_head_chunks_and_split_rows(impl, monkeypatch, seed, gen, device):
     block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.2)
     block_idx[:, :, 0] = torch.where(block_idx[:, :, 0] >= 0, 0, -1)  # block 0 selected by every non-empty row
     monkeypatch.setattr(fsa_plan, "MIN_SPLIT_TILES", 1)
-    per_head_fwd, per_head_dq = batch.total * 3 * (64 * 2 + 4), batch.total * 3 * 64 * 4
+    # partial bytes per query head: forward o (q's dtype) + lse (fp32); the fused backward's dq
+    # partials are in q's dtype too
+    per_head_fwd, per_head_dq = batch.total * 3 * (64 * 2 + 4), batch.total * 3 * 64 * batch.q.element_size()
     # g = 5: one KV head per chunk (fused backward); then the forward in 2 + 2 + 1 heads and the
     # backward's dq one head at a time, dK/dV apart (the paper's loops see chunks only there).
     budgets = (5 * per_head_dq, 2 * per_head_fwd) if impl == "fsa" else (2 * per_head_fwd,)
+    plans, head_chunks = [], fsa_plan.head_chunks
+    monkeypatch.setattr(fsa_plan, "head_chunks", lambda *a, **kw: plans.append(head_chunks(*a, **kw)) or plans[-1])
     for budget in budgets:  # the budget is per query head of a group
         monkeypatch.setattr(fsa_plan, "BUFFER_BUDGET_BYTES", budget // 5)
         check_selected_attention(impl_fn(impl), batch, block_idx, 16)
+    # every call ran in more than one chunk, and some chunk held part of a group only
+    assert plans and all(len(chunks) > 1 for chunks in plans), plans
+    assert any(c.heads < 5 for chunks in plans for c in chunks), plans
 
 
 @pytest.mark.slow(30)

@@ -198,6 +198,22 @@ def test_select_blocks_matches_reference(g, d, dtype, cfg, q_scale, gen):
     assert near_ties < got.shape[0] * h_kv // 10, "too many near-ties for a meaningful exact comparison"
 
 
+def test_select_blocks_with_longer_chunks(gen, monkeypatch):
+    """Chunks of 4x the default blocks (BB = 4 T_P: each chunk's sorted candidates are cut to
+    their top T_P before the merge) choose what the reference chooses, across chunk boundaries."""
+    from fsalab.ops import block_select
+
+    default = block_select._chunk_blocks
+    monkeypatch.setattr(block_select, "_chunk_blocks", lambda t_pad, r: 4 * default(t_pad, r))
+    # r = B/s = 8 and T_P = 2: default BB = 2 blocks, here 8 (512 tokens); 18 blocks = 3 chunks
+    cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=64, topk=2, init_blocks=0, local_blocks=1)
+    lengths = [17 * cfg.block_size + 13, 70, 2]
+    q, k_cmp, lse, cu, cu_cmp = selection_inputs(lengths, 1, 1, 32, cfg, torch.float32, gen)
+    got = select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
+    scores = reference.block_scores(q.double(), k_cmp.double(), lse.double(), cu, cu_cmp, cfg)
+    check_selection(got, reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg), scores, cu, cfg)
+
+
 @pytest.mark.parametrize("g,cfg", [(1, NSAConfig(topk=5)), (3, NSAConfig(kernel_size=16, kernel_stride=8, block_size=32, topk=6, init_blocks=2))])
 def test_select_blocks_ties_go_to_the_lower_block(g, cfg, gen):
     """q = 0 and lse = 0 make every visible p exactly 1: all full interior blocks tie exactly."""
@@ -242,8 +258,9 @@ def test_select_blocks_spill_crosses_a_chunk(gen):
     """One dominant compressed token at a chunk boundary must lift both blocks it overlaps.
 
     With the defaults (l=32, s=16, B=64) compressed token 31 covers raw [496, 528): block 7 and
-    block 8. The kernel walks BB = max(next_pow2(topk), B/s) = 8 blocks per chunk for topk=5, so
-    block 8's share arrives as the spill carried from the previous chunk. Every other visible
+    block 8. The kernel walks BB = max(next_pow2(topk), 16 / (B/s)) = 8 blocks per chunk for
+    topk=5 (``block_select._chunk_blocks``), so block 8's share arrives as the spill carried from
+    the previous chunk. Every other visible
     token has p = 1 exactly (q·k = 0, lse = 0): the rest of the blocks tie exactly.
     """
     cfg = NSAConfig(topk=5)

@@ -78,6 +78,13 @@ def _prune_select(configs, named_args, **kwargs):
     return keep or configs[-1:]
 
 
+def _chunk_blocks(t_pad: int, r: int) -> int:
+    """BB, the blocks one iteration of the score loop covers: at least T_P (a chunk's candidates
+    are cut to their top T_P before the merge, ``_merge_topk``) and 16 compressed tokens
+    (BB * r >= 16, the MMA's smallest N); r = block_size / kernel_stride. Both powers of two."""
+    return max(t_pad, triton.cdiv(16, r))
+
+
 def _head_parts(g: int) -> tuple[int, int]:
     """(G_HI, G_LO_P): a group's g query heads as a power-of-two part and, for g not a power of
     two, a second part of g - G_HI heads padded to a power of two (g = 5 -> 4 + 1, 6 -> 4 + 2).
@@ -236,7 +243,7 @@ def select_blocks(
         q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), lse_cmp.stride(0), lse_cmp.stride(1),
         out.stride(0), out.stride(1),
         G=g, G_HI=g_hi, G_LO_P=g_lo, HEAD_DIM=d, D_PAD=max(16, _next_pow2(d)), L=cfg.kernel_size, S=cfg.kernel_stride,
-        BS=cfg.block_size, TOPK=cfg.topk, T_P=t_pad, BB=max(t_pad, triton.cdiv(16, r)),
+        BS=cfg.block_size, TOPK=cfg.topk, T_P=t_pad, BB=_chunk_blocks(t_pad, r),
         INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, DOT_PREC=_dot_precision(q.dtype),
         **_meta(BLOCK_M=64 * g_hi),
     )

@@ -8,7 +8,7 @@
 #   source scripts/gpu/setup_site.sh && bash scripts/gpu/run_gpu_tests.sh [CHUNKS] [PYTEST ARGS...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-chunks=${1:-6}
+chunks=${1:-8}
 shift $(( $# > 0 ? 1 : 0 ))
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" FSALAB_AUTOTUNE=0
 OUT=${OUT:-/tmp/out}
@@ -16,8 +16,8 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 # The heaviest files first (most kernel variants to compile), one per chunk in turn; then the rest.
-heavy=(tests/test_gpu_selection.py tests/test_gpu_flash.py tests/test_gpu_runners.py tests/test_selection_fsa.py
-       tests/test_selection_nsa.py tests/test_gpu_compression.py)
+heavy=(tests/test_gpu_selection.py tests/test_decode_gpu.py tests/test_gpu_flash.py tests/test_gpu_runners.py
+       tests/test_selection_fsa.py tests/test_selection_nsa.py tests/test_gpu_compression.py tests/test_compressed_attention.py)
 mapfile -t rest < <(grep -l "mark.gpu" tests/test_*.py | grep -vxF -f <(printf '%s\n' "${heavy[@]}") | xargs ls -S)
 files=("${heavy[@]}" "${rest[@]}")
 start=$(date +%s)

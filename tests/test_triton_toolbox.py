@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import triton
+import triton.language as tl
 
 from fsalab.ops import _triton
 
@@ -107,3 +108,40 @@ def test_no_kernel_module_keeps_its_own_copy():
     found = [f"{p.relative_to(OPS)}:{i}" for p in sorted(OPS.rglob("*.py")) if p.name != "_triton.py"
              for i, line in enumerate(p.read_text().splitlines(), 1) if _COPIES.search(line)]
     assert not found, found
+
+
+
+@triton.jit
+def _bitwise_kernel(X, OUT0, OUT1, OR: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
+    x = tl.load(X + tl.arange(0, A)[:, None] * B + tl.arange(0, B)[None, :])
+    if OR:
+        r0, r1 = tl.reduce_or(x, 0), tl.reduce_or(x, 1, keep_dims=True)
+    else:
+        r0, r1 = tl.xor_sum(x, 0), tl.xor_sum(x, 1, keep_dims=True)
+    tl.store(OUT0 + tl.arange(0, B), r0)
+    tl.store(OUT1 + tl.arange(0, A)[:, None], r1)
+
+
+@pytest.mark.skipif(not _triton.INTERPRET, reason="the interpreter's reductions (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("use_or", [False, True], ids=["xor", "or"])
+def test_bitwise_reductions_equal_the_interpreters_loop(use_or, monkeypatch):
+    """patch_interpreter's numpy xor/or reductions give what the interpreter's element-by-element
+    loop gives (the unpatched ``apply_impl``), along either axis, with and without keep_dims."""
+    import numpy as np
+    import torch
+    from triton.runtime import interpreter
+
+    x = torch.randint(-(2**31), 2**31 - 1, (8, 16), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    fast = interpreter.ReduceOps.apply_impl
+    assert getattr(fast, "_fsalab_fixed", False)
+    outs = []
+    for impl in (fast, fast.__wrapped__):
+        monkeypatch.setattr(interpreter.ReduceOps, "apply_impl", impl)
+        out0, out1 = torch.empty(16, dtype=torch.int32), torch.empty(8, 1, dtype=torch.int32)
+        _bitwise_kernel[(1,)](x, out0, out1, use_or, 8, 16)
+        outs.append((out0, out1))
+    ufunc = np.bitwise_or if use_or else np.bitwise_xor
+    expected = (ufunc.reduce(x.numpy(), axis=0), ufunc.reduce(x.numpy(), axis=1, keepdims=True))
+    for got in outs:
+        for value, want in zip(got, expected):
+            np.testing.assert_array_equal(value.numpy(), want)

@@ -27,6 +27,7 @@ import math
 import os
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -117,7 +118,7 @@ def autotune(
 
 
 def patch_interpreter() -> None:
-    """Two fixes of the Triton interpreter (3.x), applied once; each does nothing when the
+    """Three fixes of the Triton interpreter (3.x), applied once; each does nothing when the
     interpreter's internals differ from what it expects.
 
     - numpy >= 2.4: the interpreter keeps scalars as 1-element arrays and turns them into Python
@@ -128,10 +129,16 @@ def patch_interpreter() -> None:
       forward's time), although the launch running it has patched those module objects already.
       Inside a launch, a helper whose modules (``tl``; ``tl.core`` for Triton's own helpers) are
       patched skips it; the first patch of each, and the launch's restore at its end, are unchanged.
+    - speed: a reduction along an axis whose combine function is a bitwise xor or or (``tl.sort``'s
+      compare-and-swap takes an ``xor_sum`` per stage: ~90 % of ``block_select``'s interpreted
+      time) runs element by element in Python (``generic_reduce``); it becomes one numpy
+      reduction, exact for integers like the loop, of the same dtype and shape.
     """
     if not INTERPRET:
         return
     from triton.runtime import interpreter
+
+    _patch_bitwise_reductions(interpreter)
 
     patch = getattr(interpreter, "_patch_lang_tensor", None)
     if patch is not None and not getattr(patch, "_fsalab_fixed", False):
@@ -172,5 +179,28 @@ def patch_interpreter() -> None:
     patch_once._fsalab_fixed = True
     interpreter._patch_lang = patch_once
     launch.__call__ = run_launch
+
+
+def _patch_bitwise_reductions(interpreter) -> None:
+    """``ReduceOps.apply_impl`` with numpy's bitwise reductions for the xor and or combine
+    functions along an axis (``patch_interpreter``); every other reduction is unchanged."""
+    ops = getattr(interpreter, "ReduceOps", None)
+    combines = {getattr(tl.standard, name, None): ufunc for name, ufunc in
+                (("_xor_combine", np.bitwise_xor), ("_or_combine", np.bitwise_or))}
+    if ops is None or None in combines or getattr(ops.apply_impl, "_fsalab_fixed", False):
+        return
+    apply_impl = ops.apply_impl
+
+    def bitwise_apply_impl(self, input):
+        ufunc = combines.get(self.combine_fn)
+        if ufunc is None or self.axis is None or len(input) != 1:
+            return apply_impl(self, input)
+        data = input[0].handle.data
+        return self.to_tensor(ufunc.reduce(data, axis=self.axis, keepdims=self.keep_dims), input[0].dtype)
+
+    bitwise_apply_impl._fsalab_fixed = True
+    bitwise_apply_impl.__wrapped__ = apply_impl  # the loop, for the test that compares the two
+    ops.apply_impl = bitwise_apply_impl
+
 
 patch_interpreter()

@@ -1,6 +1,5 @@
 """Experiment configs, the kernel runner, aggregation and the REPRODUCTION.md writer (CPU, tiny)."""
 
-import itertools
 import json
 import re
 from pathlib import Path
@@ -374,11 +373,12 @@ def test_closed_form_flops_match_the_runners_key_counts(kernel_size, kernel_stri
     from fsalab.bench import flops
     from fsalab.bench.inputs import Inputs, attended_keys
     from fsalab.config import NSAConfig
+    from fsalab.testing import cu_seqlens_of
 
     cfg = NSAConfig(kernel_size=kernel_size, kernel_stride=kernel_stride, block_size=32, topk=4, window_size=64)
     lengths, h, h_kv, d = [5, kernel_size - 1, kernel_size, kernel_size + 1, 300], 6, 2, 16
     total = sum(lengths)
-    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+    cu = cu_seqlens_of(lengths)
     x = Inputs({"q": torch.zeros(total, h, d), "k": torch.zeros(total, h_kv, d)},
                torch.full((total, h_kv, cfg.topk), -1, dtype=torch.int32), cu, cfg, max(lengths))
     keys = attended_keys(x)

@@ -147,7 +147,12 @@ def test_fsa_head_chunks_and_split_rows(impl, monkeypatch, seed, gen, device):
     # backward's dq one head at a time, dK/dV apart (the paper's loops see chunks only there).
     budgets = (5 * per_head_dq, 2 * per_head_fwd) if impl == "fsa" else (2 * per_head_fwd,)
     plans, head_chunks = [], fsa_plan.head_chunks
-    monkeypatch.setattr(fsa_plan, "head_chunks", lambda *a, **kw: plans.append(head_chunks(*a, **kw)) or plans[-1])
+
+    def recorded_chunks(*args, **kwargs):
+        plans.append(head_chunks(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(fsa_plan, "head_chunks", recorded_chunks)
     for budget in budgets:  # the budget is per query head of a group
         monkeypatch.setattr(fsa_plan, "BUFFER_BUDGET_BYTES", budget // 5)
         check_selected_attention(impl_fn(impl), batch, block_idx, 16)

@@ -110,7 +110,6 @@ def test_no_kernel_module_keeps_its_own_copy():
     assert not found, found
 
 
-
 @triton.jit
 def _bitwise_kernel(X, OUT0, OUT1, OR: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
     x = tl.load(X + tl.arange(0, A)[:, None] * B + tl.arange(0, B)[None, :])

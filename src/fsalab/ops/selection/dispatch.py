@@ -38,7 +38,7 @@ _MODULES = {"fsa": "fsalab.ops.selection.fsa", "nsa": "fsalab.ops.selection.nsa"
 # docs/perf-log.md): FSA's forward is fastest or tied at every g up to 16; FSA's backward wins
 # up to g = 8 (64K, g = 8: 19.1 ms against NSA's 27.8 since its q-dtype dq partials and 64-row
 # tiles); NSA's at g = 16, where a token's heads fill the MMA rows (38.5 ms against FSA's 57.9
-# before that change; ≈ 39 expected after it, not measured).
+# before that change; g = 16 not re-measured since).
 RULE_MAX_G_FOR_FSA_BWD = 8
 # Bumped when the meaning of a cached value changes or a kernel change moves the winners, so
 # stale entries are re-profiled (v3: FSA's backward 0.68-0.87x at 64K).

@@ -133,10 +133,11 @@ def fwd_tiles(G: int, D: int, block_size: int, paper: bool, dq: bool = False, in
     The paper's kernel gathers B_Q queries of one head per batch (B_Q = 128 in its code, one of
     the (1, 64, 128) its profiling searches; 64 here from d = 128 on, where 128 exhausts shared
     memory) and runs 8 batches per program; ours gathers 64 rows of tokens x heads, 4 tiles per
-    program; 128 rows (4 warps) where a key sub-tile is at most 64 wide and d <= 128: 0.88x the
-    forward partial's time at 64K, g = 4, (64, 16), equal at g = 1 and 8, while at (128, 8)
-    (128-wide sub-tiles) 128 rows take 1.59x (results/h200/checks/ab-fsa-tiles/). Choices
-    checked with ptxas for sm_90 (no spills at d <= 128, within 227 KiB).
+    program; 128 rows (4 warps) at d = 128 with key sub-tiles at most 64 wide and g a power of
+    two: 0.88x the forward partial's time at 64K, g = 4, (64, 16), 0.87x at g = 2, equal at g = 1
+    and 8, while 128 rows take 1.59x at (128, 8) (128-wide sub-tiles), 1.03x at g = 5 (3 padded
+    rows per token) and 1.08x at d = 64 (results/h200/checks/ab-fsa-tiles/). Choices checked
+    with ptxas for sm_90 (no spills at d <= 128, within 227 KiB).
     """
     num_mt = (8 if inner_loop else 1) if paper else 4
     block_n = block_size if block_size * D <= 16384 else max(16, 16384 // D)
@@ -147,7 +148,8 @@ def fwd_tiles(G: int, D: int, block_size: int, paper: bool, dq: bool = False, in
     elif paper:
         block_m, warps, stages = (128, 8, 2) if D <= 64 else (64, 4, 2) if D <= 128 else (32, 8, 1)
     else:
-        block_m, warps, stages = ((128 if block_n <= 64 else 64), 4, 2) if D <= 128 else \
+        wide = 64 < D <= 128 and block_n <= 64 and G == next_pow2(G)
+        block_m, warps, stages = (128 if wide else 64, 4, 2) if D <= 128 else \
             (32, 4, 2) if block_size * D <= 16384 else (32, 8, 1)
     block_m = max(block_m, next_pow2(G))
     return Tiles(block_m, block_m // G, block_n, num_mt, warps, stages)
@@ -155,14 +157,15 @@ def fwd_tiles(G: int, D: int, block_size: int, paper: bool, dq: bool = False, in
 
 def bwd_tiles(G: int, D: int, block_size: int) -> Tiles:
     """dK/dV tiles: fp32 dK and dV accumulators of BLOCK_N x D each live in registers. 128 rows
-    (tokens x heads) per tile and 8 warps up to D = 128: against 64 rows, 0.69-0.76x the
-    backward's time at 64K, g = 1, 4, 8, (64, 16) and (128, 8) (results/h200/checks/ab-fsa-tiles/;
-    64 rows had been 0.83-0.90x of 32, results/h200/checks/ab-dq-partials/)."""
+    (tokens x heads) per tile up to D = 128: against 64 rows, 0.69-0.87x the backward's time at
+    64K, g = 1, 2, 4, 5, 8, (64, 16) and (128, 8), 8 warps at d = 128, 4 at d = 64 (0.84x of 8
+    there; results/h200/checks/ab-fsa-tiles/; 64 rows had been 0.83-0.90x of 32,
+    results/h200/checks/ab-dq-partials/). 256 rows exceed shared memory at d = 128."""
     block_n = min(block_size, 64)
     if interpreting():
         block_m, warps, stages = max(64, next_pow2(G)), 4, 1
     elif D <= 128:
-        block_m, warps, stages = max(128, next_pow2(G)), 8, 2
+        block_m, warps, stages = max(128, next_pow2(G)), (4 if D <= 64 else 8), 2
     else:
         block_m, warps, stages = max(32, next_pow2(G)), 8, 1
     return Tiles(block_m, block_m // G, block_n, 0, warps, stages)

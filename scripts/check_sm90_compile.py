@@ -6,8 +6,9 @@ a shape the layout pass rejects). This check closes that gap without a device:
 
 1. record: under TRITON_INTERPRET=1, run NativeSparseAttention forward and backward (fp16) for
    each case of CASES and record each kernel launch: its function, the types of its runtime
-   arguments, its constexprs. Every selected-attention impl of ours runs at (d, g) = (64, 4) and
-   (128, 5), fsa at (256, 1), nsa at (64, 16). The triton compression, window and gate branches
+   arguments, its constexprs (FSA's kernels, which take planned tiles rather than autotune
+   configs, get the GPU's plan). Every selected-attention impl of ours runs at (d, g) = (64, 4)
+   and (128, 5), fsa at (256, 1), nsa at (64, 16). The triton compression, window and gate branches
    and one decode step (ops/decode.py) run where their launches are new (they depend on d or
    (d, g), not on the selection impl); elsewhere those branches take the reference;
 2. compile: in a fresh process without the interpreter, build each distinct launch with
@@ -88,6 +89,7 @@ def record(cases: list[str]) -> list[dict]:
 
     from fsalab.config import NSAConfig
     from fsalab.modules import NativeSparseAttention
+    from fsalab.ops.selection import fsa_plan
     from fsalab.testing import LaunchCounter, cu_seqlens_of
 
     seen: dict[str, dict] = {}
@@ -109,6 +111,9 @@ def record(cases: list[str]) -> list[dict]:
         seen.setdefault(json.dumps(launch, sort_keys=True, default=str), launch)
         launched.add(f"{launch['module'].rsplit('.', 1)[-1]}.{launch['name']}")
 
+    # FSA's kernels launch with planned tiles, not autotune configs: plan them as on the GPU, so
+    # the tiles built here are the H200's (the interpreter's own plan never runs on a device).
+    fsa_plan.interpreting = lambda: False
     cfg = NSAConfig(topk=4, window_size=64)
     missing = []
     for impl, d, g, branches, expected in (run for name in cases for run in CASES[name]):

@@ -43,7 +43,7 @@ _MODULES = {"fsa": "fsalab.ops.selection.fsa", "nsa": "fsalab.ops.selection.nsa"
 RULE_MAX_G_FOR_FSA_BWD = 8
 # Bumped when the meaning of a cached value changes or a kernel change moves the winners, so
 # stale entries are re-profiled (v3: FSA's backward 0.68-0.87x at 64K; v4: 128-row backward tiles,
-# 0.69-0.76x again).
+# 0.69-0.87x again).
 _KEY_VERSION = "v4"
 
 _memory: dict[str, str] = {}

@@ -135,9 +135,9 @@ def fwd_tiles(G: int, D: int, block_size: int, paper: bool, dq: bool = False, in
     memory) and runs 8 batches per program; ours gathers 64 rows of tokens x heads, 4 tiles per
     program; 128 rows (4 warps) at d = 128 with key sub-tiles at most 64 wide and g a power of
     two: 0.88x the forward partial's time at 64K, g = 4, (64, 16), 0.87x at g = 2, equal at g = 1
-    and 8, while 128 rows take 1.59x at (128, 8) (128-wide sub-tiles), 1.03x at g = 5 (3 padded
-    rows per token) and 1.08x at d = 64 (results/h200/checks/ab-fsa-tiles/). Choices checked
-    with ptxas for sm_90 (no spills at d <= 128, within 227 KiB).
+    and 8, while 128 rows take 1.59x at (128, 8) (128-wide sub-tiles), 1.03x at g = 5 and 1.08x
+    at d = 64 (results/h200/checks/ab-fsa-tiles/). scripts/check_sm90_compile.py builds these
+    plans for sm_90 on CPU.
     """
     num_mt = (8 if inner_loop else 1) if paper else 4
     block_n = block_size if block_size * D <= 16384 else max(16, 16384 // D)
@@ -160,7 +160,7 @@ def bwd_tiles(G: int, D: int, block_size: int) -> Tiles:
     (tokens x heads) per tile up to D = 128: against 64 rows, 0.69-0.87x the backward's time at
     64K, g = 1, 2, 4, 5, 8, (64, 16) and (128, 8), 8 warps at d = 128, 4 at d = 64 (0.84x of 8
     there; results/h200/checks/ab-fsa-tiles/; 64 rows had been 0.83-0.90x of 32,
-    results/h200/checks/ab-dq-partials/). 256 rows exceed shared memory at d = 128."""
+    results/h200/checks/ab-dq-partials/). 256 rows exceeded the H200's shared memory at d = 128."""
     block_n = min(block_size, 64)
     if interpreting():
         block_m, warps, stages = max(64, next_pow2(G)), 4, 1

@@ -40,19 +40,18 @@ _KEY_NONE = tl.constexpr(-(2**62))  # below every candidate and every empty slot
 
 
 @triton.jit
-def _merge_topk(run, cand, ROWS: tl.constexpr, T_P: tl.constexpr, BB: tl.constexpr):
-    """The T_P largest of run [ROWS, T_P] (ascending) and candidate keys [ROWS, BB], ascending.
+def _merge_topk(run, cand, T_P: tl.constexpr):
+    """The T_P largest of run [rows, T_P] (ascending) and candidate keys [rows, BB], ascending.
 
-    Branch-free, so a tile costs the same whatever its scores: the candidates sorted descending
-    and cut to their top T_P meet the ascending run element-wise; the larger of each pair form a
-    bitonic row that holds the top T_P, sorted once more. (A data-dependent insertion loop was
-    1.5-1.8x slower on the H200, a hand-written bitonic merge for the second sort 1.3-1.9x:
-    docs/perf-log.md.)
+    Branch-free, so a tile costs the same whatever its scores: the candidates' top T_P, sorted
+    descending (``tl.topk``: a bitonic sort, or a bitonic top-k when BB > T_P), meet the ascending
+    run element-wise; the larger of each pair form a bitonic row that holds the top T_P, which
+    one bitonic merge sorts (``tl.bitonic_merge``: log2 T_P compare-exchange passes, where a
+    second ``tl.sort`` took 1 + 2 + ... + log2 T_P). (A data-dependent insertion loop was
+    1.5-1.8x slower on the H200, a hand-written bitonic merge of reshapes and permutes for the
+    second sort 1.3-1.9x: docs/perf-log.md.)
     """
-    top = tl.sort(cand, descending=True)
-    if BB > T_P:  # a descending row's first T_P dominate every later group of T_P element-wise
-        top = tl.max(tl.reshape(top, (ROWS, BB // T_P, T_P)), axis=1)
-    return tl.sort(tl.maximum(run, top))
+    return tl.bitonic_merge(tl.maximum(run, tl.topk(cand, T_P)))
 
 
 @triton.jit
@@ -178,7 +177,7 @@ def _select_kernel(
         # Scores are >= +0 (sums of exp and +0), so their fp32 bits order like the values.
         key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (0x7FFFFFFF - blk).to(tl.int64)
         key = tl.where(t_ok[:, None] & (blk <= own[:, None]), key, _KEY_NONE)
-        run = _merge_topk(run, key, BLOCK_T, T_P, BB)
+        run = _merge_topk(run, key, T_P)
 
     # Ascending output: a chosen block goes to slot (number of chosen blocks below it); -1 after.
     chosen = top_col[None, :] & (run >= 0)

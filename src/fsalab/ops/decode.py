@@ -400,7 +400,7 @@ def _score_kernel(
         # Scores are >= +0, so their fp32 bits order like the values; ties go to the lower block.
         key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (0x7FFFFFFF - blk).to(tl.int64)
         key = tl.where((blk < bhi) & (bb < BB - 1), key, _KEY_NONE)
-        run = _merge_topk(run, key[None, :], 1, T_P, BB)
+        run = _merge_topk(run, key[None, :], T_P)
     out = keys_ptr + ((b * n_kv_heads + kvh) * n_splits + sp).to(tl.int64) * T_P
     tl.store(out + col[None, :], run)
 
@@ -413,7 +413,7 @@ def _topk_kernel(keys_ptr, idx_ptr, n_splits, T_P: tl.constexpr, TOPK: tl.conste
     cand = tl.load(keys_ptr + pid.to(tl.int64) * n_splits * T_P + i, mask=i < n_splits * T_P, other=_KEY_NONE)
     col = tl.arange(0, T_P)
     run = (col[None, :] - 2 - T_P).to(tl.int64) + tl.zeros([1, T_P], dtype=tl.int64)
-    run = _merge_topk(run, cand[None, :], 1, T_P, NK)
+    run = _merge_topk(run, cand[None, :], T_P)
     chosen = (col[None, :] >= T_P - TOPK) & (run >= 0)
     blocks = tl.where(chosen, 0x7FFFFFFF - (run & 0x7FFFFFFF), 0x7FFFFFFF).to(tl.int32)
     rank = tl.sum((blocks[:, None, :] < blocks[:, :, None]).to(tl.int32), axis=2)

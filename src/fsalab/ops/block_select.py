@@ -80,7 +80,9 @@ def _prune_select(configs, named_args, **kwargs):
 def _chunk_blocks(t_pad: int, r: int) -> int:
     """BB, the blocks one iteration of the score loop covers: at least T_P (a chunk's candidates
     are cut to their top T_P before the merge, ``_merge_topk``) and 16 compressed tokens
-    (BB * r >= 16, the MMA's smallest N); r = block_size / kernel_stride. Both powers of two."""
+    (BB * r >= 16, the MMA's smallest N); r = block_size / kernel_stride. Both powers of two.
+    The smallest such width is the fastest: 2x and 4x took 1.17-3.35x the time at 64K on the
+    H200 (results/h200/checks/ab-select-bb/)."""
     return max(t_pad, triton.cdiv(16, r))
 
 

@@ -115,7 +115,11 @@ def record(cases: list[str]) -> list[dict]:
 
     # FSA's kernels launch with planned tiles, not autotune configs: plan them as on the GPU, so
     # the tiles built here are the H200's (the interpreter's own plan never runs on a device).
+    interpreter_plan = fsa_plan.bwd_tiles(4, 128, 64)
     fsa_plan.interpreting = lambda: False
+    if fsa_plan.bwd_tiles(4, 128, 64) == interpreter_plan:
+        raise SystemExit("fsa_plan no longer plans through fsa_plan.interpreting(): this check would "
+                         "build the interpreter's tiles, not the GPU's")
     cfg = NSAConfig(topk=4, window_size=64)
     missing = []
     for impl, d, g, branches, expected in (run for name in cases for run in CASES[name]):
@@ -168,9 +172,10 @@ def _kernel(module: str, name: str):
     return jit, configs, getattr(obj, "early_config_prune", None)
 
 
-def _build(build: tuple[dict, bool]) -> list[str]:
+def _build(build: tuple[dict, bool]) -> tuple[list[str], int]:
     """Compile one recorded launch for sm_90 under each config the autotuner would try (the first
-    only when ``first_only``); the error messages.
+    only when ``first_only``); the error messages and the most shared memory a build took (bytes,
+    Triton's compile-time count).
 
     A config over the shared-memory limit is skipped by the autotuner at run time, so it fails
     the launch only when every config of the kernel is over.
@@ -184,7 +189,7 @@ def _build(build: tuple[dict, bool]) -> list[str]:
     if configs and prune is not None:
         configs = prune(configs, dict(launch["constexprs"]), **launch["constexprs"])
     configs = (configs or [None])[:1] if first_only else configs or [None]
-    errors, over = [], []
+    errors, over, most = [], [], 0
     for cfg in configs:
         const = dict(launch["constexprs"])
         options = dict(launch["options"])
@@ -196,6 +201,7 @@ def _build(build: tuple[dict, bool]) -> list[str]:
         src = ASTSource(fn=jit, signature=sig, constexprs={(names.index(k),): v for k, v in const.items() if k in names})
         try:
             shared = triton.compile(src, target=GPUTarget(*TARGET), options=options).metadata.shared
+            most = max(most, shared)
             if shared > SHARED_LIMIT:
                 over.append(f"{launch['name']} {cfg or ''}: {shared} B of shared memory > {SHARED_LIMIT}")
         except Exception as exc:  # noqa: BLE001 - every failure is reported, none is fatal here
@@ -205,7 +211,7 @@ def _build(build: tuple[dict, bool]) -> list[str]:
             where = {k: const[k] for k in ("G", "G_P", "HEAD_DIM", "BLOCK_M", "BLOCK_N") if k in const}
             errors.append(f"{launch['name']} {where} warps {options.get('num_warps')}: {type(root).__name__}: "
                           f"{(str(root).strip().splitlines() or [''])[-1][:300]}")
-    return errors + (over if len(over) == len(configs) and not first_only else [])
+    return errors + (over if len(over) == len(configs) and not first_only else []), most
 
 
 def _builds(launch: dict) -> list[tuple[dict, bool]]:
@@ -223,15 +229,17 @@ def compile_all(launches: list[dict], jobs: int) -> int:
     with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
         results = list(pool.map(_build, builds))
     per_kernel: dict[str, list[int]] = {}
-    for (launch, _), errors in zip(builds, results):
-        counts = per_kernel.setdefault(f"{launch['module']}.{launch['name']}", [0, 0])
+    for (launch, _), (errors, shared) in zip(builds, results):
+        counts = per_kernel.setdefault(f"{launch['module']}.{launch['name']}", [0, 0, 0])
         counts[0] += 1
         counts[1] += bool(errors)
+        counts[2] = max(counts[2], shared)
         for err in errors:
             failures += 1
             print(f"[FAIL] {err}", flush=True)
-    for kernel, (n, bad) in sorted(per_kernel.items()):
-        print(f"{'ok  ' if not bad else 'FAIL'} {kernel}: {n - bad}/{n} launches compiled for sm_{TARGET[1]}")
+    for kernel, (n, bad, shared) in sorted(per_kernel.items()):
+        print(f"{'ok  ' if not bad else 'FAIL'} {kernel}: {n - bad}/{n} launches compiled for sm_{TARGET[1]}"
+              f" (shared memory up to {shared} B)")
     return failures
 
 

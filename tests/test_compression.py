@@ -260,8 +260,8 @@ def test_select_blocks_spill_crosses_a_chunk(gen):
     With the defaults (l=32, s=16, B=64) compressed token 31 covers raw [496, 528): block 7 and
     block 8. The kernel walks BB = max(next_pow2(topk), 16 / (B/s)) = 8 blocks per chunk for
     topk=5 (``block_select._chunk_blocks``), so block 8's share arrives as the spill carried from
-    the previous chunk. Every other visible
-    token has p = 1 exactly (q·k = 0, lse = 0): the rest of the blocks tie exactly.
+    the previous chunk. Every other visible token has p = 1 exactly (q·k = 0, lse = 0): the rest
+    of the blocks tie exactly.
     """
     cfg = NSAConfig(topk=5)
     n, d = 700, 16

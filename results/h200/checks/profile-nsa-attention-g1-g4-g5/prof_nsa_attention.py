@@ -1,8 +1,9 @@
 """Per-kernel device time (torch.profiler, 5 calls after warm-up) of whole NSA attention (auto)
-fwd and fwd+bwd at 64K, (64, 16), 4 KV heads, d = 128, bf16, g = 4 and 5: where g = 5's extra
-time goes (its selected branch costs 1.6x g = 4's for 1.25x the heads) and what the compression
-branch's 13.5 ms of fwd+bwd at g = 4 consist of.
-Usage on the H200: PYTHONPATH=src python prof_g5.py out.json"""
+fwd and fwd+bwd at 64K, (64, 16), 4 KV heads, d = 128, bf16, g = 1, 4 and 5: where g = 5's extra
+time goes (its selected branch costs 1.6x g = 4's for 1.25x the heads), what the compression
+branch's 13.5 ms of fwd+bwd at g = 4 consist of, and the selection's share at g = 1.
+Usage on the H200 (repo root):
+  PYTHONPATH=src python results/h200/checks/profile-nsa-attention-g1-g4-g5/prof_nsa_attention.py out.json"""
 import json, sys
 import torch
 from torch.profiler import ProfilerActivity, profile

@@ -1,0 +1,33 @@
+"""scripts/sass_loop_count.py, whose counts docs/perf-log.md cites, still builds the select
+kernel for sm_90a on CPU, finds its score loop and refuses an edit it cannot place; and the
+select kernel's 128-row, 8-warp tile at g = 4 (the GPU's config there) spills nothing."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "sass_loop_count.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its NVIDIA backend")
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
+
+
+def test_select_loop_counted_without_spills():
+    out = _run("--config", "4,128,8")
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = re.search(r"(\d+) registers, (\d+) B spilled; loop (\d+) instructions", out.stdout)
+    assert m, out.stdout
+    assert int(m.group(2)) == 0, out.stdout
+    assert int(m.group(3)) > 100, out.stdout  # the score loop, not a short index loop
+
+
+def test_replace_must_match_once():
+    out = _run("--config", "4,128,8", "--replace", "no such text", "x")
+    assert out.returncode != 0 and "occurs 0 times" in out.stderr + out.stdout

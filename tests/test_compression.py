@@ -13,9 +13,12 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from fsalab.config import NSAConfig
 from fsalab.ops import reference
+from fsalab.ops.block_select import _block_key, _key_bits, _key_block
 from fsalab.ops.compression import compress_kv, compressed_offsets, select_blocks
 from fsalab.testing import (
     assert_close,
@@ -230,6 +233,48 @@ def test_select_blocks_ties_go_to_the_lower_block(g, cfg, gen):
     forced = set(range(cfg.init_blocks)) | set(range(own - cfg.local_blocks + 1, own + 1))
     free = [b for b in range(own + 1) if b not in forced][: cfg.topk - len(forced)]
     assert got[lengths[0] - 1, 0].tolist() == sorted(forced | set(free))
+
+
+@triton.jit
+def _keys_of(score_ptr, blk_ptr, own_ptr, key_ptr, back_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    kb = _key_bits(tl.load(own_ptr + i))
+    key = _block_key(tl.load(score_ptr + i), tl.load(blk_ptr + i), kb)
+    tl.store(key_ptr + i, key)
+    tl.store(back_ptr + i, _key_block(key, kb))
+
+
+def block_keys(score, blk, own):
+    """(keys, block read back from the key) of select_blocks' int32 ranking keys, one per entry."""
+    key, back = torch.empty_like(blk), torch.empty_like(blk)
+    _keys_of[(1,)](score.contiguous(), blk.contiguous(), own.contiguous(), key, back, N=score.numel())
+    return key, back
+
+
+@pytest.mark.parametrize("own", [0, 5, 1023, 4095])
+def test_select_key_orders_by_score_then_lower_block(own, gen):
+    """Keys of random scores: distinct per block, >= 0, block read back exactly; a score larger by
+    more than twice the key's rounding step (2^-(26 - KB) relative, KB = max(3, bit_length(own))) ranks
+    above, equal rounded scores go to the lower block, +inf above every finite score."""
+    n = 256
+    kb = max(3, own.bit_length())
+    blk = torch.randint(0, own + 1, (n,), generator=gen, dtype=torch.int32)
+    score = torch.exp(torch.empty(n).uniform_(-14, 3.4, generator=gen))  # 1e-6 .. 30
+    score[:4] = float("inf")
+    score[4:8] = 0.0
+    score[8:16] = score[16:24]  # exact ties with other blocks
+    key, back = block_keys(score, blk, torch.full((n,), own, dtype=torch.int32))
+    assert (key >= 0).all() and torch.equal(back, blk)
+    si, sj, ki, kj, bi, bj = score[:, None], score[None, :], key[:, None], key[None, :], blk[:, None], blk[None, :]
+    step = 2.0 ** -(25 - kb)
+    assert ((ki > kj) | ~(si > sj * (1 + step))).all(), "a clearly larger score ranked below"
+    assert ((ki > kj) | ~((si == sj) & (bi < bj))).all(), "equal scores: the lower block must rank above"
+    assert ((ki != kj) | (bi == bj)).all(), "two blocks share a key"
+    assert (key[:4].min() > key[4:][score[4:].isfinite()].max()), "+inf (forced blocks) must rank first"
+    if kb > 3:  # a key keeps 26 - KB mantissa bits: below 23, scores half a step apart tie
+        near = torch.tensor([1.0, 1.0 + 2.0 ** -(27 - kb)], dtype=torch.float32)
+        k2, _ = block_keys(near, torch.tensor([0, 1], dtype=torch.int32), torch.full((2,), own, dtype=torch.int32))
+        assert k2[0] > k2[1], "within the rounding the lower block must rank above"
 
 
 def test_select_blocks_without_compressed_tokens(gen):

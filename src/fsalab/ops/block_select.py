@@ -7,10 +7,12 @@ so no row is padding where splitting saves rows), the loop walks the visible com
 in chunks of BB blocks, computes p = exp(q·k_cmp·scale - lse_cmp), sums the g heads in fp32,
 maps the chunk to block scores with the fixed overlap stencil (own block: weights
 min(l/s, B/s - i); the last l/s - 1 tokens of a block also spill into the next block) and merges
-the chunk into a running top-T held in registers. Candidates are int64 keys (score bits << 32 |
-~block), unique, so "larger key" is "larger score, then lower block" (the reference's stable tie
-rule); the merge is branch-free (``_merge_topk``). Nothing of size N x N/s or N x N/B is ever
-stored: memory is the [total, h_kv, T] output.
+the chunk into a running top-T held in registers. Candidates are int32 keys (``_block_key``: the
+score rounded to 26 - KB mantissa bits, then ~block in KB bits, KB = the bit length of the
+token's own block), unique, so "larger key" is "larger score, then lower block" (the reference's
+stable tie rule, with scores closer than the rounding counted as tied); the merge is branch-free
+(``_merge_topk``). Nothing of size N x N/s or N x N/B is ever stored: memory is the
+[total, h_kv, T] output.
 """
 
 from __future__ import annotations
@@ -36,7 +38,46 @@ from ._triton import unit_last_stride as _unit_last_stride
 
 
 _SELECT_CONFIGS = [_tile_config(4, 2, BLOCK_M=64), _tile_config(8, 2, BLOCK_M=128)]
-_KEY_NONE = tl.constexpr(-(2**62))  # below every candidate and every empty slot: never kept
+_KEY_NONE = tl.constexpr(-(2**30))  # below every key and every empty slot: never kept
+
+
+@triton.jit
+def _key_bits(own):
+    """KB, the bits a ranking key gives the block index: bit_length(own), at least 3 (read from
+    own's fp32 exponent; own < 2^24). Keys depend on a token's position only, so prefill and decode
+    rank alike, and nothing recompiles per length."""
+    return tl.maximum((own.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 126, 3)
+
+
+@triton.jit
+def _block_key(score, blk, kb):
+    """int32 ranking key of block blk (0 <= blk < 2^kb) with score >= +0: larger key = larger score,
+    then lower block. The score's fp32 exponent window [2^-24, 2^8) as 5 bits (below: 0; inf, NaN
+    and above: the top value, which forced blocks' +inf use) and its 23 mantissa bits, shifted
+    right by kb - 3, then 2^kb - 1 - blk in the low kb bits. A score keeps 26 - kb mantissa bits
+    (64K tokens in blocks of 64: 16 bits, relative step 1.5e-5); scores closer than that tie and
+    the lower block wins. Block scores are sums of at most g * l/s probabilities, far below 2^8.
+    Half the width of an (fp32 bits << 32 | ~block) int64 key: the top-T merge, most of the
+    selection's instructions, ran 10 % faster at 64K on the H200 (docs/perf-log.md)."""
+    bits = score.to(tl.int32, bitcast=True)
+    e = bits >> 23
+    v = tl.where(e < 103, 0, ((e - 103) << 23) | (bits & 0x7FFFFF))
+    v = tl.where((e >= 255) | (v > 0x0FFFFFFF), 0x0FFFFFFF, v)
+    return ((v >> (kb - 3)) << kb) | (((1 << kb) - 1) - blk)
+
+
+@triton.jit
+def _key_block(key, kb):
+    """The block index a ``_block_key`` key holds."""
+    mask = (1 << kb) - 1
+    return mask - (key & mask)
+
+
+@triton.jit
+def _empty_run(ROWS: tl.constexpr, T_P: tl.constexpr):
+    """[ROWS, T_P] ascending run of T_P distinct negative keys (empty slots, above _KEY_NONE)."""
+    col = tl.arange(0, T_P)
+    return (col[None, :] - 2 - T_P) + tl.zeros([ROWS, T_P], dtype=tl.int32)
 
 
 @triton.jit
@@ -131,6 +172,7 @@ def _select_kernel(
     pos = t0 + tl.arange(0, BLOCK_T)
     t_ok = pos < n
     own = pos // BS
+    kb = _key_bits(own)[:, None]
     n_vis = tl.where(pos >= L - 1, (pos - (L - 1)) // S + 1, 0)
     # (token, head) rows of the QK products: the first G_HI heads of a group as G_HI consecutive
     # rows per token (padded when G_HI > g), the other g - G_HI heads (if any) likewise in a
@@ -149,8 +191,7 @@ def _select_kernel(
     bb = tl.arange(0, BB)
     prev = tl.maximum(bb - 1, 0)[None, :] + tl.zeros([BLOCK_T, BB], dtype=tl.int32)
     col = tl.arange(0, T_P)
-    # Ascending run of T_P distinct negative keys (empty slots); its last TOPK columns are the top TOPK.
-    run = (col[None, :] - 2 - T_P).to(tl.int64) + tl.zeros([BLOCK_T, T_P], dtype=tl.int64)
+    run = _empty_run(BLOCK_T, T_P)  # ascending; its last TOPK columns are the top TOPK
     top_col = col >= T_P - TOPK
 
     last_own = (tl.minimum(t0 + BLOCK_T, n) - 1) // BS
@@ -176,14 +217,12 @@ def _select_kernel(
         blk = ch * BB + bb[None, :]
         forced = (blk < INIT) | (blk > own[:, None] - LOCAL)
         score = tl.where(forced, float("inf"), score)
-        # Scores are >= +0 (sums of exp and +0), so their fp32 bits order like the values.
-        key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (0x7FFFFFFF - blk).to(tl.int64)
-        key = tl.where(t_ok[:, None] & (blk <= own[:, None]), key, _KEY_NONE)
+        key = tl.where(t_ok[:, None] & (blk <= own[:, None]), _block_key(score, blk, kb), _KEY_NONE)
         run = _merge_topk(run, key, T_P)
 
     # Ascending output: a chosen block goes to slot (number of chosen blocks below it); -1 after.
     chosen = top_col[None, :] & (run >= 0)
-    blocks = tl.where(chosen, 0x7FFFFFFF - (run & 0x7FFFFFFF), 0x7FFFFFFF).to(tl.int32)
+    blocks = tl.where(chosen, _key_block(run, kb), 0x7FFFFFFF)
     rank = tl.sum((blocks[:, None, :] < blocks[:, :, None]).to(tl.int32), axis=2)
     n_chosen = tl.sum(chosen.to(tl.int32), axis=1)
     out = out_ptr + (start + pos).to(tl.int64)[:, None] * s_ot + kvh * s_oh
@@ -210,7 +249,8 @@ def select_blocks(
     heads of a group in fp32 and mapped to blocks with the overlap weights; blocks < init_blocks
     and the local_blocks blocks ending at the own block are forced, later blocks never chosen,
     ties go to the lower block. Rows ascending, valid first, -1 padding. Same as
-    ``reference.select_blocks`` up to fp32 summation order (near-ties may order differently).
+    ``reference.select_blocks`` up to fp32 summation order and the keys' rounding (scores within
+    2^-(26 - KB) relative tie, ``_block_key``; near-ties may order differently).
     """
     if not isinstance(cfg, NSAConfig):
         raise TypeError(f"cfg must be an NSAConfig, got {type(cfg).__name__}")

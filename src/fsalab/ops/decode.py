@@ -47,7 +47,7 @@ Extra memory: the cache holds the step's one context-sized buffer, ``cmp_logits`
 h·capacity/s·4 bytes per sequence, allocated with the cache: a fraction g/(s·d) of the raw
 cache's 2·h_kv·d·2 bytes per token in bf16, 0.05 % at g = 1, 0.8 % at g = 16 with s = 16,
 d = 128; 4 MiB at h = 64 and a capacity of 256K tokens). A step's own temporaries: the partials,
-fp32 [batch, h, S_c + T + S_w, d + 1], the score keys int64 [batch, h_kv, S_s, T_P] and
+fp32 [batch, h, S_c + T + S_w, d + 1], the score keys int32 [batch, h_kv, S_s, T_P] and
 block_idx: O(batch · h · d) for the fixed split counts (``decode_splits``: at most 64 + T + 8
 partials per head, 2.8 MiB at batch 1, 64 heads, d = 128, T = 16), whatever the context length.
 """
@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 
 from ..checks import KERNEL_DTYPES, MAX_GROUP, check_kernel_call, check_tensor
-from .block_select import _KEY_NONE, _merge_topk
+from .block_select import _KEY_NONE, _block_key, _empty_run, _key_bits, _key_block, _merge_topk
 from .decode_cache import NSADecodeCache
 from ._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, dot_precision, next_pow2, unit_last_stride
 
@@ -350,7 +350,7 @@ def _score_kernel(
     """Range sp of sequence b's blocks for KV head kvh: block scores from the compressed logits
     ``_cmp_partial_kernel`` stored (log2 units) and the merged lse_cmp, p = exp2(s − lse) summed
     over the group's g heads in fp32, mapped onto blocks by the overlap weights; the range's top-T
-    as int64 keys (score bits, then the block) at keys_ptr row (b, kvh, sp)."""
+    as ``_block_key`` int32 keys (the ranking prefill's selection uses) at keys_ptr row (b, kvh, sp)."""
     R: tl.constexpr = BS // S  # compressed tokens starting in one block
     JT: tl.constexpr = BB * R  # compressed tokens of one tile: blocks b0 - 1 .. b0 + BB - 2 start there
     b = tl.program_id(0)
@@ -377,7 +377,8 @@ def _score_kernel(
     blo = sp * per
     bhi = tl.minimum(blo + per, n_blocks)
     col = tl.arange(0, T_P)
-    run = (col[None, :] - 2 - T_P).to(tl.int64) + tl.zeros([1, T_P], dtype=tl.int64)
+    run = _empty_run(1, T_P)
+    kb = _key_bits(own)
     jo = tl.arange(0, JT)
     bb = tl.arange(0, BB)
     logit_rows = logit_ptr + b.to(tl.int64) * s_lb + (kvh * G + gg).to(tl.int64) * s_lh
@@ -397,25 +398,24 @@ def _score_kernel(
         score = tl.sum(ps[:, None] * w, 0)
         forced = (blk < INIT) | (blk > own - LOCAL)
         score = tl.where(forced, float("inf"), score)
-        # Scores are >= +0, so their fp32 bits order like the values; ties go to the lower block.
-        key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (0x7FFFFFFF - blk).to(tl.int64)
-        key = tl.where((blk < bhi) & (bb < BB - 1), key, _KEY_NONE)
+        key = tl.where((blk < bhi) & (bb < BB - 1), _block_key(score, blk, kb), _KEY_NONE)
         run = _merge_topk(run, key[None, :], T_P)
     out = keys_ptr + ((b * n_kv_heads + kvh) * n_splits + sp).to(tl.int64) * T_P
     tl.store(out + col[None, :], run)
 
 
 @triton.jit
-def _topk_kernel(keys_ptr, idx_ptr, n_splits, T_P: tl.constexpr, TOPK: tl.constexpr, NK: tl.constexpr):
+def _topk_kernel(keys_ptr, len_ptr, idx_ptr, n_kv_heads, n_splits, BS: tl.constexpr, T_P: tl.constexpr,
+                 TOPK: tl.constexpr, NK: tl.constexpr):
     """block_idx row (b, kvh): the top-T of its S_s partial runs, ascending, -1 padding."""
     pid = tl.program_id(0)
+    kb = _key_bits((tl.load(len_ptr + pid // n_kv_heads) - 1) // BS)
     i = tl.arange(0, NK)
     cand = tl.load(keys_ptr + pid.to(tl.int64) * n_splits * T_P + i, mask=i < n_splits * T_P, other=_KEY_NONE)
     col = tl.arange(0, T_P)
-    run = (col[None, :] - 2 - T_P).to(tl.int64) + tl.zeros([1, T_P], dtype=tl.int64)
-    run = _merge_topk(run, cand[None, :], T_P)
+    run = _merge_topk(_empty_run(1, T_P), cand[None, :], T_P)
     chosen = (col[None, :] >= T_P - TOPK) & (run >= 0)
-    blocks = tl.where(chosen, 0x7FFFFFFF - (run & 0x7FFFFFFF), 0x7FFFFFFF).to(tl.int32)
+    blocks = tl.where(chosen, _key_block(run, kb), 0x7FFFFFFF)
     rank = tl.sum((blocks[:, None, :] < blocks[:, :, None]).to(tl.int32), axis=2)
     n_chosen = tl.sum(chosen.to(tl.int32), axis=1)
     out = idx_ptr + pid.to(tl.int64) * TOPK
@@ -571,7 +571,7 @@ def nsa_decode(
     dev, f32 = cache.device, torch.float32
     o_c = torch.empty((batch, h, s_c, d), dtype=f32, device=dev)
     lse_c = torch.empty((batch, h, s_c), dtype=f32, device=dev)
-    keys = torch.empty((batch, h_kv, s_s, t_pad), dtype=torch.int64, device=dev)
+    keys = torch.empty((batch, h_kv, s_s, t_pad), dtype=torch.int32, device=dev)
     block_idx = torch.empty((batch, h_kv, topk), dtype=torch.int32, device=dev)
     n_sw = topk + s_w
     o_sw = torch.empty((batch, h, n_sw, d), dtype=f32, device=dev)
@@ -595,7 +595,8 @@ def nsa_decode(
         L=cfg.kernel_size, S=cfg.kernel_stride, BS=cfg.block_size, T_P=t_pad, BB=bb, SC_PAD=next_pow2(s_c),
         INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, **warps,
     )
-    _topk_kernel[(batch * h_kv,)](keys, block_idx, s_s, T_P=t_pad, TOPK=topk, NK=next_pow2(s_s) * t_pad)
+    _topk_kernel[(batch * h_kv,)](keys, lens, block_idx, h_kv, s_s, BS=cfg.block_size, T_P=t_pad, TOPK=topk,
+                                  NK=next_pow2(s_s) * t_pad)
     k, v = cache.k, cache.v
     _sw_partial_kernel[(batch, h_kv, n_sw)](
         q, k, v, lens, block_idx, o_sw, lse_sw, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),

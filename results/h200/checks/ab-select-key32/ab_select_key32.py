@@ -3,8 +3,10 @@ int32 (select_key32.py: 5 exponent bits, 26 - KB mantissa bits, KB block bits), 
 inputs in one process; do_bench medians, rounds forward then reversed; the tile config each
 kernel's autotuner took. Also: rows whose selection differs from the int64 kernel's, and the
 selection checks of tests/test_gpu_compression.py (8K-128K against the reference) run on the
-int32 kernel. Prepared, not yet run.
-Usage on the H200 (repo root):
+int32 kernel. Ran on the H200 with the code of 570fc02 (ab_key32.log / .json beside this file);
+the int32 keys then landed in ops/block_select.py and ops/decode.py, so the generator's
+substitutions match 570fc02's module only: to re-run, check that commit out.
+Usage on the H200 (repo root, at 570fc02):
   PYTHONPATH=src:results/h200/checks/ab-select-key32 python results/h200/checks/ab-select-key32/ab_select_key32.py out.json"""
 import json, os, sys
 import torch, triton

@@ -9,9 +9,10 @@ nothing recompiles per length. A score keeps 26 - KB mantissa bits (the last tok
 blocks of 64: 16 bits, <= 1.5e-5 relative); blocks whose scores differ by less than that, or both
 lie below 2^-24, tie and go to the lower block.
 
-Prepared for the H200 A/B (ab_select_key32.py, not yet run; prediction in docs/perf-log.md, Open,
-the select item). On CPU: `python select_key32.py OUT.py` writes the variant from the tree's
-module, e.g. for `scripts/sass_loop_count.py --source OUT.py`."""
+Measured by ab_select_key32.py on the H200 (ab_key32.log; docs/perf-log.md, "32-bit ranking keys
+in the block selection") and landed afterwards as ``_block_key``; the substitutions below match
+the module of 570fc02 only. On CPU at that commit: `python select_key32.py OUT.py` writes the
+variant, e.g. for `scripts/sass_loop_count.py --source OUT.py`."""
 import pathlib
 import sys
 

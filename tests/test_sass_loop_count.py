@@ -1,6 +1,7 @@
 """scripts/sass_loop_count.py, whose counts docs/perf-log.md cites, still builds the select
-kernel for sm_90a on CPU, finds its score loop and refuses an edit it cannot place; and the
-select kernel's 128-row, 8-warp tile at g = 4 (the GPU's config there) spills nothing."""
+kernel and FSA's forward and backward tile kernels for sm_90a on CPU, finds their main loops and
+refuses an edit it cannot place; and the select kernel's 128-row, 8-warp tile at g = 4 (the GPU's
+config there) spills nothing."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ def test_select_loop_counted_without_spills():
     assert m, out.stdout
     assert int(m.group(2)) == 0, out.stdout
     assert int(m.group(3)) > 100, out.stdout  # the score loop, not a short index loop
+
+
+@pytest.mark.parametrize("kernel", ["fsa_partial", "fsa_dkdv"])
+def test_fsa_tile_loops_counted(kernel):
+    out = _run("--kernel", kernel, "--config", "4,128,8" if kernel == "fsa_dkdv" else "4,128,4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = re.search(r"loop (\d+) instructions per thread and tile \((\d+) per \(token, head\) row", out.stdout)
+    assert m and int(m.group(1)) > 100, out.stdout
 
 
 def test_replace_must_match_once():

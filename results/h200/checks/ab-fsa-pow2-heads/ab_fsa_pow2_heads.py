@@ -1,22 +1,31 @@
-"""A/B of FSA's forward (FAST) at a non-power-of-two group g: the tree's one launch over all g
-heads (64-row tiles of 64 // g tokens x g heads at g = 3, 5, 6, 7) against the heads split into
-power-of-two parts (5 = 4 + 1, 6 = 4 + 2, 3 = 2 + 1, 7 = 4 + 2 + 1), each part a head chunk of
-every KV head with the 128-row tiles power-of-two groups get. Both on the same inputs (block
-indices from the compression path) in one process; do_bench medians, rounds forward then
-reversed; outputs compared (torch.equal and the largest difference), and each against the
-fp32 reference on the first rows.
+"""A/B of FSA at a non-power-of-two group g, forward and backward, tree against power-of-two
+head parts (5 = 4 + 1, 6 = 4 + 2, 3 = 2 + 1, 7 = 4 + 2 + 1):
+- forward (FAST): the tree's one launch over all g heads (64-row tiles of 64 // g tokens x g
+  heads) against each part as a head chunk of every KV head with the 128-row tile its
+  power-of-two group gets (``forward_split``);
+- backward (fused dK/dV + dq partials): the tree's 128-row tiles of 128 // g tokens x g heads
+  against one program walking its token range twice, power-of-two part then the rest
+  (``fsa_bwd_pow2.backward_split``; dK/dV still summed over the whole group in registers).
+Both on the same inputs (block indices from the compression path) in one process; do_bench
+medians, rounds forward then reversed; outputs compared with the tree's and, forward, with the
+fp32 reference on a prefix.
 
-Prediction (scripts/sass_loop_count.py --kernel fsa_partial, instructions per (token, head) row
-of one tile's loop, 64K, d = 128, (64, 16)): g = 4's 128-row tile 1905, g = 1's 1818, g = 5's
-64-row tile 2340, so the split's partial kernels cost (4 x 1905 + 1818) / 5 / 2340 = 0.81x of
-g = 5's; with the merges unchanged in bytes, the FSA forward at 64K g = 5 5.5 + 1.7 ms ->
-about 4.5 + 1.8 ms (0.87x), at the price of 3 + 2 more launches (a second partial, its
-containment pass and merge; a second work list). Prepared, not yet run.
+Prediction (scripts/sass_loop_count.py, instructions of one tile's loop per (token, head) row,
+64K, d = 128, (64, 16)). Forward partial: g = 4's 128-row tile 1905, g = 1's 1818, g = 5's
+64-row tile 2340, so the split's partials cost (4 x 1905 + 1818) / 5 / 2340 = 0.81x of g = 5's;
+with the merges unchanged in bytes, the g = 5 forward at 64K about 0.87x (5.5 + 1.7 ms ->
+4.5 + 1.8), at the price of 5 more launches. dK/dV: the tree's g = 5 tile 2514 per row with
+152 B of spills and 27 local reloads per tile; the variant (built the same way) 2322 and 2316
+per row in its two loops, 48 B spilled, 1 reload per loop: 0.92x from the count, more if the
+reloads cost what they did in the forward's 125-row tile; g = 5 fwd+bwd over g = 4 at 64K 1.36x
+-> about 1.28x. Under the interpreter both split paths match the tree (forward bit-identical,
+dq bit-identical, dK/dV within 2e-5 relative in fp16, split rows included). Prepared, not yet
+run.
 
 Usage on the H200 (repo root):
-  PYTHONPATH=src python results/h200/checks/ab-fsa-pow2-heads/ab_fsa_pow2_heads.py out.json
-On CPU (interpreter; correctness of the split path only, tiny shapes):
-  TRITON_INTERPRET=1 PYTHONPATH=src python results/h200/checks/ab-fsa-pow2-heads/ab_fsa_pow2_heads.py --cpu
+  PYTHONPATH=src:results/h200/checks/ab-fsa-pow2-heads python results/h200/checks/ab-fsa-pow2-heads/ab_fsa_pow2_heads.py out.json
+On CPU (interpreter; correctness of both split paths, tiny shapes):
+  TRITON_INTERPRET=1 PYTHONPATH=src:results/h200/checks/ab-fsa-pow2-heads python results/h200/checks/ab-fsa-pow2-heads/ab_fsa_pow2_heads.py --cpu
 """
 import json
 import sys
@@ -27,6 +36,7 @@ from fsalab.ops import reference
 from fsalab.ops.selection import fsa
 from fsalab.ops.selection import fsa_plan as plan
 from fsalab.ops.selection.fsa_partials import FAST, LSE
+from fsa_bwd_pow2 import backward_split
 
 
 def pow2_parts(chunks):
@@ -66,9 +76,10 @@ def problem(N, g, B, T, dtype, device, batch=1):
     return fsa._prepare(t["q"], t["k"], t["v"], x.block_idx, x.cu_seqlens, B, None), x
 
 
-def compare(pb, x, rows=None):
-    """Tree vs split outputs; each against the fp32 reference on all rows (rows=None) or on the
-    first ``rows`` tokens of a one-sequence batch (a causal prefix is a sequence of its own)."""
+def compare(pb, x, do, rows=None):
+    """Tree vs split outputs and gradients; the forward also against the fp32 reference on all
+    rows (rows=None) or on the first ``rows`` tokens of a one-sequence batch (a causal prefix is
+    a sequence of its own)."""
     a, b = fsa._forward_fast(pb), forward_split(pb)
     t, idx, cu = x.tensors, x.block_idx, x.cu_seqlens
     if rows is not None:
@@ -76,10 +87,15 @@ def compare(pb, x, rows=None):
         idx, cu = idx[:rows], torch.tensor([0, rows], dtype=torch.int32, device=cu.device)
     ref_o, _ = reference.selected_attention(t["q"].float(), t["k"].float(), t["v"].float(), idx, cu, pb.block_size)
     n = ref_o.shape[0]
-    return {"equal_o": bool(torch.equal(a[0], b[0])), "equal_lse": bool(torch.equal(a[1], b[1])),
-            "max_diff_o": float((a[0].float() - b[0].float()).abs().max()),
-            "max_err_split_vs_ref": float((b[0][:n].float() - ref_o).abs().max()),
-            "max_err_tree_vs_ref": float((a[0][:n].float() - ref_o).abs().max())}
+    out = {"equal_o": bool(torch.equal(a[0], b[0])), "equal_lse": bool(torch.equal(a[1], b[1])),
+           "max_diff_o": float((a[0].float() - b[0].float()).abs().max()),
+           "max_err_split_vs_ref": float((b[0][:n].float() - ref_o).abs().max()),
+           "max_err_tree_vs_ref": float((a[0][:n].float() - ref_o).abs().max())}
+    ga, gb = fsa._backward_fast(pb, a[0], a[1], do, None), backward_split(pb, a[0], a[1], do)
+    for name, u, w in zip(("dq", "dk", "dv"), ga, gb):
+        out[f"rel_diff_{name}"] = float((u.float() - w.float()).norm() / u.float().norm().clamp(min=1e-30))
+        out[f"nan_{name}"] = bool(w.isnan().any())
+    return out
 
 
 def main():
@@ -87,16 +103,21 @@ def main():
         dev = torch.device("cpu")
         for g in (3, 5, 6, 7):
             pb, x = problem(512, g, 64, 4, "float16", dev, batch=2)
-            print(f"CPU g={g}:", compare(pb, x), flush=True)
+            do = torch.randn(pb.q.shape, generator=torch.Generator().manual_seed(1)).to(pb.q.dtype)
+            print(f"CPU g={g}:", compare(pb, x, do), flush=True)
         return
     import triton
     dev = torch.device("cuda")
     out = []
     for N, g, B, T in [(65536, 5, 64, 16), (65536, 3, 64, 16), (65536, 6, 64, 16), (65536, 7, 64, 16),
-                       (65536, 5, 128, 8), (16384, 5, 64, 16), (131072, 5, 64, 16), (65536, 4, 64, 16)]:
+                       (65536, 5, 128, 8), (16384, 5, 64, 16), (131072, 5, 64, 16)]:
         pb, x = problem(N, g, B, T, "bfloat16", dev)
-        check = compare(pb, x, 4096)
-        fns = {"tree": lambda: fsa._forward_fast(pb), "pow2 split": lambda: forward_split(pb)}
+        do = torch.randn(pb.q.shape, device=dev, generator=torch.Generator(dev).manual_seed(1)).to(pb.q.dtype)
+        check = compare(pb, x, do, 4096)
+        o, lse = fsa._forward_fast(pb)
+        fns = {"fwd tree": lambda: fsa._forward_fast(pb), "fwd split": lambda: forward_split(pb),
+               "bwd tree": lambda: fsa._backward_fast(pb, o, lse, do, None),
+               "bwd split": lambda: backward_split(pb, o, lse, do)}
         samples = {}
         for order in (list(fns), list(fns)[::-1]):
             for name in order:
@@ -104,9 +125,19 @@ def main():
                                                                             return_mode="all"))
         ms = {n: sorted(s)[len(s) // 2] for n, s in samples.items()}
         out.append({"N": N, "g": g, "B": B, "T": T, "ms": ms, "check": check, "samples": samples})
-        print(f"N{N} g{g} ({B},{T}): tree {ms['tree']:.3f} ms, split {ms['pow2 split']:.3f} ms "
-              f"({ms['pow2 split'] / ms['tree']:.2f}); {check}", flush=True)
+        print(f"N{N} g{g} ({B},{T}): fwd tree {ms['fwd tree']:.3f} ms, split {ms['fwd split']:.3f} "
+              f"({ms['fwd split'] / ms['fwd tree']:.2f}); bwd tree {ms['bwd tree']:.3f}, split {ms['bwd split']:.3f} "
+              f"({ms['bwd split'] / ms['bwd tree']:.2f}); {check}", flush=True)
         json.dump(out, open(sys.argv[1], "w"), indent=1)
+    # Reference row: g = 4 through the tree (the ratio g = 5 / g = 4 the target speaks of).
+    pb, x = problem(65536, 4, 64, 16, "bfloat16", dev)
+    do = torch.randn(pb.q.shape, device=dev, generator=torch.Generator(dev).manual_seed(1)).to(pb.q.dtype)
+    o, lse = fsa._forward_fast(pb)
+    ms = {"fwd tree": triton.testing.do_bench(lambda: fsa._forward_fast(pb), warmup=50, rep=300),
+          "bwd tree": triton.testing.do_bench(lambda: fsa._backward_fast(pb, o, lse, do, None), warmup=50, rep=300)}
+    out.append({"N": 65536, "g": 4, "B": 64, "T": 16, "ms": ms})
+    print(f"N65536 g4 (64,16): fwd tree {ms['fwd tree']:.3f} ms, bwd tree {ms['bwd tree']:.3f} ms", flush=True)
+    json.dump(out, open(sys.argv[1], "w"), indent=1)
 
 
 if __name__ == "__main__":

@@ -103,3 +103,34 @@ def test_module_rejects_bad_input():
         module(torch.randn(2, 10, 32), lengths=torch.tensor([3]))
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         NativeSparseAttention(32, 3, 2)
+
+
+def test_unchanged_offsets_are_checked_once(monkeypatch):
+    """A cu_seqlens tensor that passed is not checked again while it is unchanged; an in-place
+    write, another token count or an inference tensor (no version counter) checks again."""
+    from fsalab import checks
+
+    calls = []
+    real = checks._expect
+    monkeypatch.setattr(checks, "_expect", lambda cond, msg: (calls.append(msg), real(cond, msg)))
+    cu = cu_seqlens_of([5, 7])
+    checks.check_cu_seqlens(cu, 12, cu.device)
+    assert len(calls) == 3
+    checks.check_cu_seqlens(cu, 12, cu.device)
+    assert len(calls) == 3, "unchanged offsets checked twice"
+    checks.check_cu_seqlens(cu_seqlens_of([5, 7]), 12, cu.device)
+    assert len(calls) == 6, "an equal but distinct tensor must be checked"
+    with pytest.raises(ValueError, match=r"cu_seqlens\[-1\] must equal total_tokens = 13"):
+        checks.check_cu_seqlens(cu, 13, cu.device)
+    cu[1] = 9  # in place: still valid, checked again
+    checks.check_cu_seqlens(cu, 12, cu.device)
+    assert len(calls) == 12
+    cu[1] = 13  # in place: no longer ascending
+    with pytest.raises(ValueError, match="non-decreasing"):
+        checks.check_cu_seqlens(cu, 12, cu.device)
+    with torch.inference_mode():
+        frozen = cu_seqlens_of([5, 7])
+    before = len(calls)
+    checks.check_cu_seqlens(frozen, 12, frozen.device)
+    checks.check_cu_seqlens(frozen, 12, frozen.device)
+    assert len(calls) == before + 6, "inference tensors have no version counter: checked every time"

@@ -61,6 +61,32 @@ def test_launches_per_call(impl, direction, monkeypatch, device):
 NSA_ATTENTION_LIMITS = {"fsa": (15, 28), "nsa": (8, 29)}
 
 
+@pytest.mark.parametrize("impl", ["fsa", "nsa"])
+def test_value_checks_add_no_launches_to_a_repeated_module_call(impl, monkeypatch, device):
+    """With value checks on (the default), a module forward over offsets it has already checked
+    launches what it launches with checks off: unchanged cu_seqlens are not checked again
+    (``fsalab.checks``) and the selection's own block indices are not re-checked. (Before, the
+    checks added 35 launches per call: five ops checking the offsets, one the indices.)"""
+    from fsalab.config import NSAConfig
+    from fsalab.modules import NativeSparseAttention
+    from fsalab.testing import cu_seqlens_of
+
+    cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=2, init_blocks=1, local_blocks=1, window_size=16)
+    torch.manual_seed(0)
+    module = NativeSparseAttention(32, 4, 2, head_dim=16, config=cfg, dtype=torch.float16, selection_impl=impl,
+                                   device=device)
+    x, cu = torch.randn(70, 32, dtype=torch.float16, device=device), cu_seqlens_of([50, 20], device)
+    totals = {}
+    for checks in ("0", "1"):
+        monkeypatch.setenv("FSALAB_VALUE_CHECKS", checks)
+        with torch.no_grad():
+            module(x, cu)  # outside the count: one-time work, and the offsets' first check
+            with LaunchCounter() as counter:
+                module(x, cu)
+        totals[checks] = counter.total
+    assert totals["1"] == totals["0"], totals
+
+
 @pytest.mark.parametrize("impl", sorted(NSA_ATTENTION_LIMITS))
 def test_launches_per_nsa_attention_call(impl, monkeypatch, device):
     monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")

@@ -64,10 +64,15 @@ def selected_attention(
     block_size: int,
     scale: float | None = None,
     impl: str = "reference",
+    check_indices: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of each token over its selected KV blocks (causal inside its own block).
 
     Returns (o [total, h, d] in q.dtype, lse [total, h] float32 natural log; -inf for empty rows).
+    ``check_indices=False`` skips the value checks of block_idx (shapes are still checked): for
+    indices from ``select_blocks``, whose output meets them (ascending, distinct, at or before
+    the own block, -1 after), so a whole NSA attention call does not spend ~20 launches
+    re-checking its own selection.
     """
     fn = resolve(impl)
     check_attention_inputs(q, k, v, cu_seqlens, REFERENCE_DTYPES if impl == "reference" else KERNEL_DTYPES)
@@ -77,5 +82,6 @@ def selected_attention(
     check_block_idx(block_idx, q.shape[0], k.shape[1])
     if block_idx.device != q.device:
         raise ValueError(f"block_idx is on {block_idx.device}, expected {q.device}")
-    check_block_idx_values(block_idx, cu_seqlens, block_size)
+    if check_indices:
+        check_block_idx_values(block_idx, cu_seqlens, block_size)
     return fn(q, k, v, block_idx, cu_seqlens, block_size, scale)

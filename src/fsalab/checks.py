@@ -7,7 +7,8 @@ device-side asserts (``torch._assert_async``) so the launch path keeps no host s
 
 A cu_seqlens tensor that passed its value checks is not checked again while it is unchanged
 (the same tensor, its version counter as it was, the same token count): one NSA attention call
-hands the same offsets to five ops, whose checks were ~40 of a forward's ~70 launches. In-place
+hands the same offsets to five ops, and a model to every layer, each of which checked them again
+(three asserts and their comparisons each time). In-place
 writes bump the counter, so changed offsets are checked again; under CUDA-graph capture,
 ``torch.compile`` and for inference tensors (no version counter) every call checks.
 """

@@ -24,7 +24,11 @@ the benchmark times kernels.
 
     PYTHONPATH=src python scripts/count_launches.py [--impls fsa,fsa_paper,nsa] [--lengths 256] [--ops]
     PYTHONPATH=src python scripts/count_launches.py --op nsa_attention --impls fsa,nsa --lengths 512 --block-size 32 --topk 4
+    PYTHONPATH=src python scripts/count_launches.py --op module --impls fsa,nsa --value-checks
 
+``--op module`` counts a forward of a small NativeSparseAttention module as a model's layer runs
+it (``fsalab.testing.nsa_module_forward``; the shape options do not apply); ``--value-checks``
+counts with the input-value checks on (the users' default), repeated calls on the same inputs.
 ``--ops`` prints the counted ops of every call; ``--json PATH`` writes the table.
 """
 
@@ -36,11 +40,11 @@ import os
 import sys
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
-os.environ["FSALAB_VALUE_CHECKS"] = "0"
+os.environ["FSALAB_VALUE_CHECKS"] = "1" if "--value-checks" in sys.argv else "0"
 
 import torch
 
-from fsalab.testing import LaunchCounter, nsa_attention_calls
+from fsalab.testing import LaunchCounter, nsa_attention_calls, nsa_module_forward
 
 
 def make_call(impl: str, lengths: list[int], h_kv: int, g: int, d: int, block_size: int, topk: int):
@@ -94,8 +98,10 @@ def count(fn) -> dict[str, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--impls", default="fsa,fsa_paper,nsa")
-    ap.add_argument("--op", choices=("selected", "nsa_attention"), default="selected",
-                    help="the selected-attention call, or whole NSA attention (one sequence of the first length)")
+    ap.add_argument("--op", choices=("selected", "nsa_attention", "module"), default="selected",
+                    help="the selected-attention call, whole NSA attention (one sequence of the first length), "
+                         "or a small module's forward")
+    ap.add_argument("--value-checks", action="store_true", help="input-value checks on (read before torch loads)")
     ap.add_argument("--lengths", default="256", help="comma-separated sequence lengths")
     ap.add_argument("--h-kv", type=int, default=4)
     ap.add_argument("--g", type=int, default=1)
@@ -109,10 +115,13 @@ def main() -> int:
     rows = []
     for impl in args.impls.split(","):
         if args.op == "selected":
-            fwd, bwd = make_call(impl, lengths, args.h_kv, args.g, args.d, args.block_size, args.topk)
+            calls = zip(("fwd", "bwd"), make_call(impl, lengths, args.h_kv, args.g, args.d, args.block_size, args.topk))
+        elif args.op == "nsa_attention":
+            calls = zip(("fwd", "bwd"), nsa_attention_calls(impl, lengths[0], args.h_kv, args.g, args.d,
+                                                            args.block_size, args.topk))
         else:
-            fwd, bwd = nsa_attention_calls(impl, lengths[0], args.h_kv, args.g, args.d, args.block_size, args.topk)
-        for direction, fn in (("fwd", fwd), ("bwd", bwd)):
+            calls = [("fwd", nsa_module_forward(impl))]
+        for direction, fn in calls:
             c = count(fn)
             triton_n = sum(n for name, n in c.items() if name.startswith("triton:"))
             aten_n = sum(c.values()) - triton_n

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fsalab.ops.selection import selected_attention
-from fsalab.testing import LaunchCounter, make_batch, nsa_attention_calls, random_block_idx
+from fsalab.testing import LaunchCounter, make_batch, nsa_attention_calls, nsa_module_forward, random_block_idx
 
 # (impl, direction) -> most launches per call.
 LIMITS = {
@@ -66,23 +66,15 @@ def test_value_checks_add_no_launches_to_a_repeated_module_call(impl, monkeypatc
     """With value checks on (the default), a module forward over offsets it has already checked
     launches what it launches with checks off: unchanged cu_seqlens are not checked again
     (``fsalab.checks``) and the selection's own block indices are not re-checked. (Before, the
-    checks added 35 launches per call: five ops checking the offsets, one the indices.)"""
-    from fsalab.config import NSAConfig
-    from fsalab.modules import NativeSparseAttention
-    from fsalab.testing import cu_seqlens_of
-
-    cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=2, init_blocks=1, local_blocks=1, window_size=16)
-    torch.manual_seed(0)
-    module = NativeSparseAttention(32, 4, 2, head_dim=16, config=cfg, dtype=torch.float16, selection_impl=impl,
-                                   device=device)
-    x, cu = torch.randn(70, 32, dtype=torch.float16, device=device), cu_seqlens_of([50, 20], device)
+    checks added 35 launches per call at fsa: five ops checking the offsets, one the indices;
+    ``scripts/count_launches.py --op module``.)"""
+    fwd = nsa_module_forward(impl, device)
     totals = {}
     for checks in ("0", "1"):
         monkeypatch.setenv("FSALAB_VALUE_CHECKS", checks)
-        with torch.no_grad():
-            module(x, cu)  # outside the count: one-time work, and the offsets' first check
-            with LaunchCounter() as counter:
-                module(x, cu)
+        fwd()  # outside the count: one-time work, and the offsets' first check
+        with LaunchCounter() as counter:
+            fwd()
         totals[checks] = counter.total
     assert totals["1"] == totals["0"], totals
 

@@ -391,3 +391,25 @@ def nsa_attention_calls(impl: str, length: int, h_kv: int, g: int, d: int, block
         return torch.autograd.grad(o, list(leaves.values()), do, retain_graph=True, allow_unused=True)
 
     return fwd, bwd
+
+
+def nsa_module_forward(impl: str, device: torch.device | str = "cpu"):
+    """A zero-argument forward (under no_grad) of a small ``NativeSparseAttention`` module (32
+    hidden, 4 query and 2 KV heads of 16, fp16) with selection impl ``impl`` over two packed
+    sequences (50 + 20 tokens), on the same input tensors every call: what a model's layer runs."""
+    from .config import NSAConfig
+    from .modules import NativeSparseAttention
+
+    cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=2, init_blocks=1, local_blocks=1, window_size=16)
+    gen = torch.Generator().manual_seed(0)
+    module = NativeSparseAttention(32, 4, 2, head_dim=16, config=cfg, dtype=torch.float16, selection_impl=impl,
+                                   device=device)
+    x = torch.randn(70, 32, generator=gen).to(device=device, dtype=torch.float16)
+    cu = cu_seqlens_of([50, 20], device)
+
+    def fwd():
+        with torch.no_grad():
+            return module(x, cu)
+
+    return fwd
+

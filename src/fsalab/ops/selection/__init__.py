@@ -71,8 +71,8 @@ def selected_attention(
     Returns (o [total, h, d] in q.dtype, lse [total, h] float32 natural log; -inf for empty rows).
     ``check_indices=False`` skips the value checks of block_idx (shapes are still checked): for
     indices from ``select_blocks``, whose output meets them (ascending, distinct, at or before
-    the own block, -1 after), so a whole NSA attention call does not spend ~20 launches
-    re-checking its own selection.
+    the own block, -1 after), so a whole NSA attention call does not spend launches re-checking
+    its own selection.
     """
     fn = resolve(impl)
     check_attention_inputs(q, k, v, cu_seqlens, REFERENCE_DTYPES if impl == "reference" else KERNEL_DTYPES)

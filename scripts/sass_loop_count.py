@@ -16,7 +16,14 @@ first, e.g. to take a part out and see its share); whether the kernel is issue-b
 device to tell (docs/perf-log.md, Open).
 
     python scripts/sass_loop_count.py [--kernel select|fsa_partial|fsa_dkdv] [--source FILE]
+        [--function NAME] [--const NAME=VALUE ...] [--rows N] [--loops K]
         [--replace OLD NEW ...] [--config G,BLOCK_M,WARPS[,STAGES] ...]
+
+``--function`` builds another kernel of the (``--source``) module with the same arguments plus
+the constexprs ``--const`` adds (a variant kernel of an A/B under results/h200/checks/);
+``--rows`` overrides the tile rows the per-row count divides by; ``--loops K`` reports the K
+largest loops (a variant with two tile loops). Each loop's count names its local-memory
+reloads (LDL: spilled registers read back inside the loop).
 
 Constexprs and integer arguments are those of one sequence of 64K tokens at the defaults:
 4 KV heads, d = 128, (64, 16), l = 32, s = 16, bf16. The integer arguments are specialised as
@@ -77,8 +84,12 @@ def _fsa_configs(plan) -> list[str]:
     return [f"{g},{t.block_m},{t.num_warps},{t.num_stages}" for g in (1, 4, 5, 8) for t in [plan(g)]]
 
 
-_FSA_INTS = lambda g: dict(stride_qt=4 * g * D, stride_qh=D, stride_kt=H_KV * D, stride_kh=D,  # noqa: E731
-                           stride_lt=4 * g, r_begin=0, r_end=H_KV * CAP, cap=CAP, g=g, d=D)
+def _fsa_ints(g: int) -> dict[str, int]:
+    """Integer arguments FSA's tile kernels share at 64K (one chunk of every KV head)."""
+    return dict(stride_qt=4 * g * D, stride_qh=D, stride_kt=H_KV * D, stride_kh=D, stride_lt=4 * g, r_begin=0,
+                r_end=H_KV * CAP, cap=CAP, g=g, d=D)
+
+
 _FSA_I32 = {n: "*i32" for n in ("row_ptr", "token_ids", "blk_start", "blk_len", "blk_local", "first", "item_row",
                                 "item_sub", "max_rest", "slot_first", "v_bad_rows")}
 
@@ -95,7 +106,7 @@ KERNELS = {
     "fsa_partial": Kernel(
         "fsalab.ops.selection.fsa_partials", "_partial_kernel",
         {"lse": "*fp32", "delta": "*fp32", "lbuf": "*fp32", **_FSA_I32}, ("qk_scale", "sm_scale"),
-        lambda g: {**_FSA_INTS(g), "j0": 0, "Gc": g, "n_sub": 1},
+        lambda g: {**_fsa_ints(g), "j0": 0, "Gc": g, "n_sub": 1},
         lambda g, bm: dict(HP=1, G=g, TOK=bm // g, BLOCK_M=bm, NUM_MT=4, BLOCK_N=BS, NUM_KT=1, D=D, MODE=2,
                            TABLE=True, EARLY_RETURN=True, PREC=PREC, CONTAIN=False),
         _fsa_configs(lambda g: fwd_tiles(g, D, BS, paper=False)),
@@ -103,7 +114,7 @@ KERNELS = {
     "fsa_dkdv": Kernel(
         "fsalab.ops.selection.fsa_bwd", "_dkdv_kernel",
         {"lse": "*fp32", "delta": "*fp32", "dkp": "*fp32", "dvp": "*fp32", **_FSA_I32}, ("qk_scale", "sm_scale"),
-        lambda g: {**_FSA_INTS(g), "block_size": BS},
+        lambda g: {**_fsa_ints(g), "block_size": BS},
         lambda g, bm: dict(G=g, TOK=bm // g, BLOCK_M=bm, NUM_MT=16, BLOCK_N=BS, NUM_KT=1, D=D, FUSED_DQ=True,
                            PREC=PREC),
         _fsa_configs(lambda g: bwd_tiles(g, D, BS)),
@@ -124,13 +135,15 @@ def load_module(kernel: Kernel, source: str):
     return module
 
 
-def sass(kernel: Kernel, module, g: int, block_m: int, warps: int, stages: int) -> tuple[str, str]:
-    """(ptxas -v report, cuobjdump -sass text) of the kernel under one tile config."""
-    jit = getattr(module, kernel.function)
+def sass(kernel: Kernel, module, g: int, block_m: int, warps: int, stages: int, function: str | None = None,
+         extra_const: dict | None = None) -> tuple[str, str]:
+    """(ptxas -v report, cuobjdump -sass text) of the kernel (or ``function`` of its module, with
+    ``extra_const`` added to its constexprs) under one tile config."""
+    jit = getattr(module, function or kernel.function)
     while not hasattr(jit, "arg_names") or hasattr(jit, "configs"):  # unwrap the autotuner
         jit = jit.fn
     names = jit.arg_names
-    const = {k: v for k, v in kernel.const(g, block_m).items() if k in names}
+    const = {k: v for k, v in {**kernel.const(g, block_m), **(extra_const or {})}.items() if k in names}
     sig = {n: "constexpr" if n in const else "fp32" if n in kernel.floats else kernel.pointers.get(n, "i32")
            for n in names}
     ints = kernel.ints(g)
@@ -157,21 +170,29 @@ def sass(kernel: Kernel, module, g: int, block_m: int, warps: int, stages: int) 
                                       text=True).stdout
 
 
-def loop_body(text: str) -> dict[str, int]:
-    """Opcode counts between the largest backward branch and its target."""
+def loop_bodies(text: str, k: int = 1) -> list[dict[str, int]]:
+    """Opcode counts of the k largest loops (between a backward branch and its target), largest
+    first; a loop nested in a larger one is not counted again."""
     ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", text)]
-    best = (0, 0, -1)
+    loops = []
     for addr, op in ins:
         target = re.search(r"0x([0-9a-f]+)", op) if "BRA" in op else None
         if target and int(target.group(1), 16) < addr:
             lo = int(target.group(1), 16)
-            best = max(best, (sum(lo <= a <= addr for a, _ in ins), lo, addr))
-    counts: dict[str, int] = {}
-    for addr, op in ins:
-        if best[1] <= addr <= best[2]:
-            name = re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0]
-            counts[name] = counts.get(name, 0) + 1
-    return counts
+            loops.append((sum(lo <= a <= addr for a, _ in ins), lo, addr))
+    chosen: list[tuple] = []
+    for loop in sorted(loops, reverse=True):
+        if len(chosen) < k and not any(c[1] <= loop[1] and loop[2] <= c[2] for c in chosen):
+            chosen.append(loop)
+    out = []
+    for _, lo, hi in chosen:
+        counts: dict[str, int] = {}
+        for addr, op in ins:
+            if lo <= addr <= hi:
+                name = re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0]
+                counts[name] = counts.get(name, 0) + 1
+        out.append(counts)
+    return out
 
 
 def main(argv=None) -> int:
@@ -181,7 +202,12 @@ def main(argv=None) -> int:
     ap.add_argument("--replace", nargs=2, action="append", default=[], metavar=("OLD", "NEW"),
                     help="replace OLD (must occur once) by NEW in the source before building")
     ap.add_argument("--config", action="append", help="G,BLOCK_M,WARPS[,STAGES] (stages default 2)")
+    ap.add_argument("--function", help="another kernel of the module, with the same arguments")
+    ap.add_argument("--const", action="append", default=[], metavar="NAME=VALUE", help="an added constexpr (int)")
+    ap.add_argument("--rows", type=int, help="tile rows per loop pass (default: the kernel's)")
+    ap.add_argument("--loops", type=int, default=1, help="report the K largest loops")
     args = ap.parse_args(argv)
+    extra = {name: int(value) for name, value in (c.split("=", 1) for c in args.const)}
     kernel = KERNELS[args.kernel]
     path = args.source or importlib.util.find_spec(kernel.module).origin
     source = pathlib.Path(path).read_text()
@@ -193,18 +219,19 @@ def main(argv=None) -> int:
     for config in args.config or kernel.configs:
         g, block_m, warps, *rest = (int(x) for x in config.split(","))
         stages = rest[0] if rest else 2
-        report, text = sass(kernel, module, g, block_m, warps, stages)
+        report, text = sass(kernel, module, g, block_m, warps, stages, args.function, extra)
         regs = re.search(r"Used (\d+) registers", report).group(1)
         spills = re.search(r"(\d+) bytes spill stores", report).group(1)
-        counts = loop_body(text)
-        n = sum(counts.values())
-        top = ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:6])
-        rows = kernel.rows(g, block_m)
-        per_row = n * 32 * warps // rows
+        rows = args.rows or kernel.rows(g, block_m)
         what = "token" if kernel.unit == "chunk" else "(token, head) row"
-        print(f"{args.kernel} G={g} BLOCK_M={block_m} warps={warps} stages={stages}: {regs} registers, {spills} B "
-              f"spilled; loop {n} instructions per thread and {kernel.unit} ({per_row} per {what}, all threads): "
-              f"{top}", flush=True)
+        for i, counts in enumerate(loop_bodies(text, args.loops)):
+            n = sum(counts.values())
+            top = ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:6])
+            name = f"{args.kernel}{':' + args.function if args.function else ''}"
+            loop = "loop" if args.loops == 1 else f"loop {i + 1}"
+            print(f"{name} G={g} BLOCK_M={block_m} warps={warps} stages={stages}: {regs} registers, {spills} B "
+                  f"spilled; {loop} {n} instructions per thread and {kernel.unit} ({n * 32 * warps // rows} per "
+                  f"{what}, all threads; {counts.get('LDL', 0)} local reloads): {top}", flush=True)
     return 0
 
 

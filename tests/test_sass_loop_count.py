@@ -40,3 +40,14 @@ def test_fsa_tile_loops_counted(kernel):
 def test_replace_must_match_once():
     out = _run("--config", "4,128,8", "--replace", "no such text", "x")
     assert out.returncode != 0 and "occurs 0 times" in out.stderr + out.stdout
+
+
+def test_variant_function_and_two_loops():
+    """--source/--function/--const build an A/B's variant kernel; --loops 2 reports both its tile loops."""
+    variant = Path(__file__).resolve().parents[1] / "results/h200/checks/ab-fsa-pow2-heads/fsa_bwd_pow2.py"
+    out = _run("--kernel", "fsa_dkdv", "--source", str(variant), "--function", "_dkdv_pow2_kernel",
+               "--const", "G_HI=4", "--const", "G_LO=1", "--const", "G_LO_P=1", "--const", "PER_ITEM=2048",
+               "--rows", "128", "--loops", "2", "--config", "5,128,8")
+    assert out.returncode == 0, out.stderr[-3000:]
+    loops = re.findall(r"loop (\d) (\d+) instructions per thread and tile \((\d+) per", out.stdout)
+    assert [n for n, _, _ in loops] == ["1", "2"] and all(int(k) > 100 for _, k, _ in loops), out.stdout

@@ -6,17 +6,20 @@ head parts (5 = 4 + 1, 6 = 4 + 2, 3 = 2 + 1, 7 = 4 + 2 + 1):
 - backward (fused dK/dV + dq partials): the tree's 128-row tiles of 128 // g tokens x g heads
   against one program walking its token range twice, power-of-two part then the rest
   (``fsa_bwd_pow2.backward_split``; dK/dV still summed over the whole group in registers).
-Both on the same inputs (block indices from the compression path) in one process; do_bench
-medians, rounds forward then reversed; outputs compared with the tree's and, forward, with the
-fp32 reference on a prefix.
+Both on the same inputs (block indices from the compression path) in one process, timed side by
+side by ``fsalab.bench.timing.interleaved`` (round-robin, synced, L2 flushed, medians); outputs
+compared with the tree's and, forward, with the fp32 reference on a prefix.
 
 Prediction (scripts/sass_loop_count.py, instructions of one tile's loop per (token, head) row,
-64K, d = 128, (64, 16)). Forward partial: g = 4's 128-row tile 1905, g = 1's 1818, g = 5's
-64-row tile 2340, so the split's partials cost (4 x 1905 + 1818) / 5 / 2340 = 0.81x of g = 5's;
+64K, d = 128, (64, 16)). Forward partial (`--kernel fsa_partial`): g = 4's 128-row tile 1905,
+g = 1's 1818, g = 5's 64-row tile 2340, so the split's partials cost (4 x 1905 + 1818) / 5 / 2340 = 0.81x of g = 5's;
 with the merges unchanged in bytes, the g = 5 forward at 64K about 0.87x (5.5 + 1.7 ms ->
-4.5 + 1.8), at the price of 5 more launches. dK/dV: the tree's g = 5 tile 2514 per row with
-152 B of spills and 27 local reloads per tile; the variant (built the same way) 2322 and 2316
-per row in its two loops, 48 B spilled, 1 reload per loop: 0.92x from the count, more if the
+4.5 + 1.8), at the price of 5 more launches. dK/dV (`--kernel fsa_dkdv --config 5,128,8`): the
+tree's g = 5 tile 2514 per row with 152 B of spills and 27 local reloads per tile; the variant
+(`--kernel fsa_dkdv --source results/h200/checks/ab-fsa-pow2-heads/fsa_bwd_pow2.py --function
+_dkdv_pow2_kernel --const G_HI=4 --const G_LO=1 --const G_LO_P=1 --const PER_ITEM=2048 --rows 128
+--loops 2 --config 5,128,8`) 2322 and 2316 per row in its two loops, 48 B spilled, 1 reload per
+loop: 0.92x from the count, more if the
 reloads cost what they did in the forward's 125-row tile; g = 5 fwd+bwd over g = 4 at 64K 1.36x
 -> about 1.28x. Under the interpreter both split paths match the tree (forward bit-identical,
 dq bit-identical, dK/dV within 2e-5 relative in fp16, split rows included). Prepared, not yet
@@ -32,6 +35,7 @@ import sys
 
 import torch
 
+from fsalab.bench.timing import Rounds, interleaved
 from fsalab.ops import reference
 from fsalab.ops.selection import fsa
 from fsalab.ops.selection import fsa_plan as plan
@@ -106,39 +110,29 @@ def main():
             do = torch.randn(pb.q.shape, generator=torch.Generator().manual_seed(1)).to(pb.q.dtype)
             print(f"CPU g={g}:", compare(pb, x, do), flush=True)
         return
-    import triton
     dev = torch.device("cuda")
     out = []
+    rounds = Rounds(rounds=30, rep_ms=300.0)
     for N, g, B, T in [(65536, 5, 64, 16), (65536, 3, 64, 16), (65536, 6, 64, 16), (65536, 7, 64, 16),
-                       (65536, 5, 128, 8), (16384, 5, 64, 16), (131072, 5, 64, 16)]:
+                       (65536, 5, 128, 8), (16384, 5, 64, 16), (131072, 5, 64, 16), (65536, 4, 64, 16)]:
         pb, x = problem(N, g, B, T, "bfloat16", dev)
         do = torch.randn(pb.q.shape, device=dev, generator=torch.Generator(dev).manual_seed(1)).to(pb.q.dtype)
-        check = compare(pb, x, do, 4096)
         o, lse = fsa._forward_fast(pb)
-        fns = {"fwd tree": lambda: fsa._forward_fast(pb), "fwd split": lambda: forward_split(pb),
-               "bwd tree": lambda: fsa._backward_fast(pb, o, lse, do, None),
-               "bwd split": lambda: backward_split(pb, o, lse, do)}
-        samples = {}
-        for order in (list(fns), list(fns)[::-1]):
-            for name in order:
-                samples.setdefault(name, []).extend(triton.testing.do_bench(fns[name], warmup=50, rep=300,
-                                                                            return_mode="all"))
-        ms = {n: sorted(s)[len(s) // 2] for n, s in samples.items()}
-        out.append({"N": N, "g": g, "B": B, "T": T, "ms": ms, "check": check, "samples": samples})
-        print(f"N{N} g{g} ({B},{T}): fwd tree {ms['fwd tree']:.3f} ms, split {ms['fwd split']:.3f} "
-              f"({ms['fwd split'] / ms['fwd tree']:.2f}); bwd tree {ms['bwd tree']:.3f}, split {ms['bwd split']:.3f} "
-              f"({ms['bwd split'] / ms['bwd tree']:.2f}); {check}", flush=True)
+        fns = {"fwd tree": lambda: fsa._forward_fast(pb), "bwd tree": lambda: fsa._backward_fast(pb, o, lse, do, None)}
+        check = None
+        if g & (g - 1):  # the split too; g = 4 runs the tree alone (the g = 5 / g = 4 target's reference)
+            check = compare(pb, x, do, 4096)
+            fns.update({"fwd split": lambda: forward_split(pb), "bwd split": lambda: backward_split(pb, o, lse, do)})
+        timed = interleaved(fns, dev, rounds=rounds, warmup=3)
+        ms = {n: t.summary()["median_ms"] for n, t in timed.items()}
+        out.append({"N": N, "g": g, "B": B, "T": T, "ms": ms, "check": check,
+                    "samples": {n: t.samples_ms for n, t in timed.items()}})
+        line = f"N{N} g{g} ({B},{T}): fwd tree {ms['fwd tree']:.3f} ms, bwd tree {ms['bwd tree']:.3f} ms"
+        if check is not None:
+            line += (f"; fwd split {ms['fwd split']:.3f} ({ms['fwd split'] / ms['fwd tree']:.2f}), bwd split "
+                     f"{ms['bwd split']:.3f} ({ms['bwd split'] / ms['bwd tree']:.2f}); {check}")
+        print(line, flush=True)
         json.dump(out, open(sys.argv[1], "w"), indent=1)
-    # Reference row: g = 4 through the tree (the ratio g = 5 / g = 4 the target speaks of).
-    pb, x = problem(65536, 4, 64, 16, "bfloat16", dev)
-    do = torch.randn(pb.q.shape, device=dev, generator=torch.Generator(dev).manual_seed(1)).to(pb.q.dtype)
-    o, lse = fsa._forward_fast(pb)
-    ms = {"fwd tree": triton.testing.do_bench(lambda: fsa._forward_fast(pb), warmup=50, rep=300),
-          "bwd tree": triton.testing.do_bench(lambda: fsa._backward_fast(pb, o, lse, do, None), warmup=50, rep=300)}
-    out.append({"N": 65536, "g": 4, "B": 64, "T": 16, "ms": ms})
-    print(f"N65536 g4 (64,16): fwd tree {ms['fwd tree']:.3f} ms, bwd tree {ms['bwd tree']:.3f} ms", flush=True)
-    json.dump(out, open(sys.argv[1], "w"), indent=1)
-
 
 if __name__ == "__main__":
     main()

@@ -9,6 +9,8 @@ Items are PER_ITEM tokens (a multiple of both tile widths). dq partials keep the
 
 For the A/B in ab_fsa_pow2_heads.py (prediction there); not part of the library.
 """
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -120,13 +122,10 @@ def backward_split(pb, o, lse, do):
     chunks = plan.head_chunks(pb.h_kv, g, per_head, allow_partial_groups=False)
     dqbuf, _ = fsa._chunk_buffers(pb, chunks, pb.q.dtype, False)
     tree = plan.bwd_tiles(g, pb.D, pb.block_size)  # block_m, block_n, warps, stages as the tree's
-    wide = max(tree.block_m // g_hi, tree.block_m // g_lo_p)  # tokens of the wider part's tile
-    n_kv = max(c.n_kv for c in chunks)
-    per_item = wide * plan.split_tiles(wide, pb.entries(n_kv), pb.block_size, pb.d)
-    work = plan.work_list(pb.index.row_ptr, pb.entries(pb.h_kv), per_item, min_one=True, split_slots=True)
-    n_slots = 2 * pb.entries(n_kv) // per_item + 1
-    dkp = torch.empty(n_slots * pb.block_size * pb.d, dtype=torch.float32, device=pb.q.device)
-    dvp = torch.empty_like(dkp)
+    # Items and split-row slots as the tree sizes them, for tiles of the wider part's tokens.
+    wide = dataclasses.replace(tree, tok=max(tree.block_m // g_hi, tree.block_m // g_lo_p))
+    work, dkp, dvp = fsa._split_work(pb, chunks, wide)
+    per_item = work.per_item
     ix = pb.index
     num_kt = triton.cdiv(pb.block_size, tree.block_n)
     for c in chunks:

@@ -1,10 +1,11 @@
 """Eager host cost of the value checks in a module forward: NativeSparseAttention (fsa, 4 KV
 heads, g = 4, d = 128, bf16, (64, 16)) at 8K-32K tokens, forward under no_grad and forward +
-backward, with FSALAB_VALUE_CHECKS=1 (the default) and 0 in one process (run it at this tree and
-at 55b0fe7, the commit before the checks ran once per input, to see what the change saved).
-do_bench medians; launch counts from fsalab.testing.LaunchCounter. Prepared, not
-yet run. Prediction (docs/perf-log.md, "Value checks once per input"): ~35 fewer launches per
-forward, 0.2-0.3 ms less host time where the call is host-bound (8K-16K), nothing at 64K.
+backward, with FSALAB_VALUE_CHECKS=1 (the default) and 0, timed side by side by
+``fsalab.bench.timing.interleaved`` (synced before each call, so host-bound time shows; medians);
+run it at this tree and at 55b0fe7, the commit before the checks ran once per input, to see
+what the change saved. Launch counts from fsalab.testing.LaunchCounter. Prepared, not
+yet run. Prediction (docs/perf-log.md, "Value checks once per input"): 35 fewer launches per
+forward, at most ~1 ms less host time where the call is host-bound (8K-16K), nothing at 64K.
 
 Usage on the H200 (repo root):
   PYTHONPATH=src python results/h200/checks/value-checks-host/time_value_checks.py out.json
@@ -14,8 +15,8 @@ import os
 import sys
 
 import torch
-import triton
 
+from fsalab.bench.timing import Rounds, interleaved
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
 from fsalab.testing import LaunchCounter, cu_seqlens_of
@@ -28,23 +29,27 @@ out = []
 for n in (8192, 16384, 32768):
     x = torch.randn(n, 2048, dtype=torch.bfloat16, device=dev, requires_grad=True)
     cu = cu_seqlens_of([n], dev)
+
+    def call(checks, backward):
+        def run():
+            os.environ["FSALAB_VALUE_CHECKS"] = checks
+            if backward:
+                module(x, cu).sum().backward()
+            else:
+                with torch.no_grad():
+                    module(x, cu)
+        return run
+
     row = {"N": n}
     for checks in ("1", "0"):
-        os.environ["FSALAB_VALUE_CHECKS"] = checks
-
-        def fwd():
-            with torch.no_grad():
-                return module(x, cu)
-
-        def fwd_bwd():
-            module(x, cu).sum().backward()
-
-        fwd(), fwd_bwd()
+        fwd = call(checks, False)
+        fwd()
         with LaunchCounter() as counter:
             fwd()
         row[f"launches_fwd_checks{checks}"] = counter.total
-        row[f"fwd_ms_checks{checks}"] = triton.testing.do_bench(fwd, warmup=20, rep=200)
-        row[f"fwdbwd_ms_checks{checks}"] = triton.testing.do_bench(fwd_bwd, warmup=10, rep=200)
+    timed = interleaved({f"{d}_checks{c}": call(c, d == "fwdbwd") for d in ("fwd", "fwdbwd") for c in ("1", "0")},
+                        dev, rounds=Rounds(rounds=50, rep_ms=500.0), warmup=3)
+    row.update({f"{name}_ms": t.summary()["median_ms"] for name, t in timed.items()})
     out.append(row)
     print(row, flush=True)
     json.dump(out, open(sys.argv[1], "w"), indent=1)

@@ -6,8 +6,9 @@ own ptxas and cuobjdump do the work. Kernels:
   and chunk of 16 blocks, and per token over all threads.
 - ``fsa_partial``: FSA's forward ``_partial_kernel`` in its FAST mode (work list, no containment
   pass), and ``fsa_dkdv``: the fused backward's ``_dkdv_kernel`` (dK/dV and the dq partials);
-  the loop is one tile of TOK tokens x G heads, counted per thread and tile, and per (token,
-  head) row over all threads. Default configs: the tiles ``selection.fsa_plan`` plans on the
+  the loop is one tile of TOK tokens x G heads (the backward: of one power-of-two part of the
+  group, so g = 5 has two tile loops, ``--loops 2``), counted per thread and tile, and per
+  (token, head) row over all threads. Default configs: the tiles ``selection.fsa_plan`` plans on the
   GPU for g = 1, 4, 5, 8.
 
 A count, not a timing: it says where the loop's instructions go and how a variant changes them
@@ -55,8 +56,8 @@ from triton.backends.compiler import BaseBackend, GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import native_specialize_impl  # noqa: E402
 
-from fsalab.ops._triton import dot_precision, search_steps  # noqa: E402
-from fsalab.ops.selection.fsa_plan import bwd_tiles, fwd_tiles  # noqa: E402
+from fsalab.ops._triton import dot_precision, next_pow2, search_steps  # noqa: E402
+from fsalab.ops.selection.fsa_plan import bwd_tiles, fwd_tiles, head_parts  # noqa: E402
 
 BIN = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 N, H_KV, D, BS, TOPK = 65536, 4, 128, 64, 16
@@ -115,10 +116,11 @@ KERNELS = {
         "fsalab.ops.selection.fsa_bwd", "_dkdv_kernel",
         {"lse": "*fp32", "delta": "*fp32", "dkp": "*fp32", "dvp": "*fp32", **_FSA_I32}, ("qk_scale", "sm_scale"),
         lambda g: {**_fsa_ints(g), "block_size": BS},
-        lambda g, bm: dict(G=g, TOK=bm // g, BLOCK_M=bm, NUM_MT=16, BLOCK_N=BS, NUM_KT=1, D=D, FUSED_DQ=True,
-                           PREC=PREC),
+        lambda g, bm: dict(G=g, G_HI=head_parts(g)[0], G_LO=head_parts(g)[1], G_LO_P=next_pow2(head_parts(g)[1]),
+                           PER_ITEM=16 * bwd_tiles(g, D, BS).tok, BLOCK_M=bm, BLOCK_N=BS, NUM_KT=1, D=D,
+                           FUSED_DQ=True, PREC=PREC),
         _fsa_configs(lambda g: bwd_tiles(g, D, BS)),
-        "tile", lambda g, bm: bm // g * g),
+        "tile", lambda g, bm: bm),
 }
 
 

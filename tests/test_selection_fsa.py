@@ -50,6 +50,8 @@ def impl_fn(impl: str, inner_loop: bool = True, early_return: bool = True):
         ("fsa_paper", torch.float16, 192, 5, 32, 2),
         ("fsa", torch.float16, 256, 2, 64, 2),
         ("fsa_paper", torch.float32, 256, 1, 64, 2),
+        ("fsa", torch.float16, 64, 6, 32, 3),
+        ("fsa", torch.float32, 64, 7, 16, 2),
         ("fsa", torch.float16, 64, 8, 32, 3),
         ("fsa", torch.float32, 128, 16, 16, 2),
         ("fsa_paper", torch.float16, 64, 16, 64, 2),
@@ -130,6 +132,17 @@ def test_fsa_lse_gradient(impl, seed, gen, device):
     batch = make_batch([25, 60], 6, 2, 64, dtype=torch.float32, device=device, seed=seed)
     block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.0)  # no empty rows: lse finite
     check_selected_attention(impl_fn(impl), batch, block_idx, 16, with_dlse=True)
+
+
+@pytest.mark.parametrize("g,parts", [(1, [1]), (4, [4]), (5, [4, 1]), (6, [4, 2]), (7, [4, 2, 1]), (12, [8, 4])])
+def test_pow2_chunks_cover_each_head_once(g, parts):
+    """The forward's chunks as power-of-two parts, largest first, every head of each chunk once."""
+    for chunk in (fsa_plan.Chunk(0, 3, 0, g), fsa_plan.Chunk(1, 1, 2, g)):
+        split = fsa_plan.pow2_chunks([chunk])
+        assert [c.heads for c in split] == parts
+        assert [c.j0 for c in split] == [chunk.j0 + sum(parts[:i]) for i in range(len(parts))]
+        assert all((c.hk0, c.n_kv) == (chunk.hk0, chunk.n_kv) for c in split)
+    assert fsa_plan.head_parts(g) == (parts[0], g - parts[0])
 
 
 @pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])

@@ -204,7 +204,7 @@ def _work(pb: _Problem, tiles: plan.Tiles, cache: dict) -> plan.WorkList:
 def _forward_fast(pb: _Problem):
     o = torch.empty_like(pb.q)
     lse = torch.empty(pb.total, pb.h, dtype=torch.float32, device=pb.q.device)
-    chunks = plan.head_chunks(pb.h_kv, pb.g, pb.total * pb.topk * (pb.d * pb.q.element_size() + 4))
+    chunks = plan.pow2_chunks(plan.head_chunks(pb.h_kv, pb.g, pb.total * pb.topk * (pb.d * pb.q.element_size() + 4)))
     obuf, lbuf = _chunk_buffers(pb, chunks, pb.q.dtype, True)
     works: dict = {}
     v_bad_rows = _nonfinite_blocks(pb)
@@ -256,14 +256,15 @@ def _launch_dkdv(pb, chunk, tiles, do, lse, delta, dk, dv, work, dkp, dvp, dqbuf
     r_begin, r_end = chunk.hk0 * pb.cap, (chunk.hk0 + chunk.n_kv) * pb.cap
     num_kt = triton.cdiv(pb.block_size, tiles.block_n)
     kt_programs = 1 if dqbuf is not None else num_kt  # dK/dV alone: one program per key sub-tile
+    g_hi, g_lo = plan.head_parts(pb.g)
     _dkdv_kernel[(work.grid(pb.entries(chunk.n_kv), r_end - r_begin), kt_programs)](
         pb.q, pb.k, pb.v, do, lse, delta, dk, dv, pb.q if dqbuf is None else dqbuf, dkp, dvp,
         ix.row_ptr, ix.token_ids, ix.block_start, ix.block_len,
         work.first, work.item_row, work.item_sub, work.slots,
         *_strides(pb),
         r_begin, r_end, pb.cap, pb.g, pb.d, pb.block_size, pb.scale * LOG2E, pb.scale,
-        G=pb.g, TOK=tiles.tok, BLOCK_M=tiles.block_m, NUM_MT=work.per_item // tiles.tok,
-        BLOCK_N=tiles.block_n, NUM_KT=num_kt, D=pb.D, FUSED_DQ=dqbuf is not None, PREC=pb.prec,
+        G=pb.g, G_HI=g_hi, G_LO=g_lo, G_LO_P=next_pow2(g_lo), PER_ITEM=work.per_item,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, NUM_KT=num_kt, D=pb.D, FUSED_DQ=dqbuf is not None, PREC=pb.prec,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     _dkdv_merge_kernel[(r_end - r_begin, num_kt)](

@@ -1,21 +1,28 @@
 """FSA backward kernels that are KV-block-major: dK/dV without atomics (optionally with the dq
 partials of the same pass), the merge of rows split over several programs, and delta.
 
-``_dkdv_kernel``: one program per (CSR row, range of its tokens). For each key sub-tile of the
-block it loads K/V once and walks the row's selecting tokens (TOK tokens x G heads per tile,
-as in ``fsa_partials``), accumulating dK and dV in fp32 registers. With FUSED_DQ it also writes
-each entry's dq partial (scale * ds K, in the buffer's dtype: q's) to the compact buffer, so q,
-dO, lse and delta are gathered once for both gradients; with several key sub-tiles the later ones
-add to the partial the first one wrote (same program, same layout, so no race). Without FUSED_DQ each key sub-tile gets its
-own program (grid axis 1) and the token loop is the only loop: the fp16 dK of the fsa_paper
-backward (128-key blocks, two sub-tiles walked in a loop around the token loop) came out wrong on
-the H200 while dV and the fused variant were right, with no difference under the interpreter.
+``_dkdv_kernel``: one program per (CSR row, range of PER_ITEM of its tokens). For each key
+sub-tile of the block it loads K/V once and walks the range once per head part of the group
+(``fsa_plan.head_parts``: its largest power of two G_HI, then the G_LO heads left, padded to
+G_LO_P, a power of two, rows per token), in tiles of BLOCK_M // part tokens x the part's
+heads, accumulating dK and dV over every head of the group in fp32 registers. Rows map to (token,
+head) by shifts, and no row pads unless the rest is not a power of two (g = 7: 3 heads in 4
+rows); at 64K, d = 128, (64, 16) one walk over all g = 5 heads per tile took 1.26x the time of
+the parts (results/h200/checks/ab-fsa-pow2-heads/).
 
-Programs come from a work list of NUM_MT tiles per item with at least one item per row, so
-empty rows write zero dK/dV. A row whose tokens are spread over several programs (row length >
-TOK * NUM_MT; the sink block is selected by every token) writes fp32 dK/dV partials to its own
-slots (``fsa_plan.work_list(..., split_slots=True)``) and ``_dkdv_merge_kernel`` sums them; every other row writes
-dK/dV directly.
+With FUSED_DQ it also writes each entry's dq partial (scale * ds K, in the buffer's dtype: q's) to
+the compact buffer (entry-major, g heads inner), so q, dO, lse and delta are gathered once for both
+gradients; with several key sub-tiles the later ones add to the partial the first one wrote (same
+program, same layout, so no race). Without FUSED_DQ each key sub-tile gets its own program (grid
+axis 1) and the token loops are the only loops: the fp16 dK of the fsa_paper backward (128-key
+blocks, two sub-tiles walked in a loop around the token loop) came out wrong on the H200 while dV
+and the fused variant were right, with no difference under the interpreter.
+
+Programs come from a work list with at least one item per row, so empty rows write zero dK/dV. A
+row whose tokens are spread over several programs (row length > PER_ITEM; the sink block is
+selected by every token) writes fp32 dK/dV partials to its own slots
+(``fsa_plan.work_list(..., split_slots=True)``) and ``_dkdv_merge_kernel`` sums them; every other
+row writes dK/dV directly.
 """
 
 from __future__ import annotations
@@ -34,8 +41,8 @@ def _dkdv_kernel(
     first, item_row, item_sub, slot_first,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_lt,
     r_begin, r_end, cap, g, d, block_size, qk_scale, sm_scale,
-    G: tl.constexpr, TOK: tl.constexpr, BLOCK_M: tl.constexpr, NUM_MT: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_KT: tl.constexpr, D: tl.constexpr,
+    G: tl.constexpr, G_HI: tl.constexpr, G_LO: tl.constexpr, G_LO_P: tl.constexpr, PER_ITEM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_KT: tl.constexpr, D: tl.constexpr,
     FUSED_DQ: tl.constexpr, PREC: tl.constexpr,
 ):
     r, sub, ok = _work_item(tl.program_id(0), first, item_row, item_sub, r_begin, r_end)
@@ -45,9 +52,9 @@ def _dkdv_kernel(
     gb = r - hk * cap
     p_row = tl.load(row_ptr + r)
     row_len = tl.load(row_ptr + r + 1) - p_row
-    c0 = sub * (TOK * NUM_MT)
-    n_mt = tl.maximum(tl.minimum(tl.cdiv(row_len - c0, TOK), NUM_MT), 0)  # empty rows: 0 tiles, zero dK/dV
-    split = row_len > TOK * NUM_MT
+    c0 = sub * PER_ITEM
+    end = tl.minimum(row_len, c0 + PER_ITEM)  # empty rows: no tile, zero dK/dV
+    split = row_len > PER_ITEM
     slot = tl.load(slot_first + r) - tl.load(slot_first + r_begin) + sub
     base = tl.load(row_ptr + r_begin)
     kb = tl.load(blk_start + gb)
@@ -59,16 +66,16 @@ def _dkdv_kernel(
             _dkdv_subtile(
                 q, k, v, do, lse, delta, dk, dv, dqbuf, dkp, dvp, token_ids,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_lt,
-                g, d, block_size, qk_scale, sm_scale, hk, p_row, row_len, c0, n_mt, split, slot, base, kb, kl, kt,
-                G, TOK, BLOCK_M, BLOCK_N, D, True, PREC,
+                g, d, block_size, qk_scale, sm_scale, hk, p_row, c0, end, split, slot, base, kb, kl, kt,
+                G, G_HI, G_LO, G_LO_P, BLOCK_M, BLOCK_N, D, True, PREC,
             )
     else:
-        # dK/dV alone: one key sub-tile per program (grid axis 1), no loop around the token loop.
+        # dK/dV alone: one key sub-tile per program (grid axis 1), no loop around the token loops.
         _dkdv_subtile(
             q, k, v, do, lse, delta, dk, dv, dqbuf, dkp, dvp, token_ids,
             stride_qt, stride_qh, stride_kt, stride_kh, stride_lt,
-            g, d, block_size, qk_scale, sm_scale, hk, p_row, row_len, c0, n_mt, split, slot, base, kb, kl,
-            tl.program_id(1), G, TOK, BLOCK_M, BLOCK_N, D, False, PREC,
+            g, d, block_size, qk_scale, sm_scale, hk, p_row, c0, end, split, slot, base, kb, kl, tl.program_id(1),
+            G, G_HI, G_LO, G_LO_P, BLOCK_M, BLOCK_N, D, False, PREC,
         )
 
 
@@ -76,18 +83,14 @@ def _dkdv_kernel(
 def _dkdv_subtile(
     q, k, v, do, lse, delta, dk, dv, dqbuf, dkp, dvp, token_ids,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_lt,
-    g, d, block_size, qk_scale, sm_scale, hk, p_row, row_len, c0, n_mt, split, slot, base, kb, kl, kt,
-    G: tl.constexpr, TOK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-    FUSED_DQ: tl.constexpr, PREC: tl.constexpr,
+    g, d, block_size, qk_scale, sm_scale, hk, p_row, c0, end, split, slot, base, kb, kl, kt,
+    G: tl.constexpr, G_HI: tl.constexpr, G_LO: tl.constexpr, G_LO_P: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, FUSED_DQ: tl.constexpr, PREC: tl.constexpr,
 ):
-    """dK/dV of key sub-tile kt of the block over the program's n_mt tiles of the row."""
-    ii = tl.arange(0, BLOCK_M) // G  # token of each tile row
-    jj = tl.arange(0, BLOCK_M) % G  # head of each tile row (G = g: whole groups)
-    hq = hk * g + jj
+    """dK/dV of key sub-tile kt of the block over entries [c0, end) of the row, all g heads."""
     dd = tl.arange(0, D)
     dmask = dd < d
-    cn = tl.arange(0, BLOCK_N)
-    c = kt * BLOCK_N + cn
+    c = kt * BLOCK_N + tl.arange(0, BLOCK_N)
     kmask = (c < kl)[:, None] & dmask[None, :]
     kp = (kb + c).to(tl.int64)[:, None] * stride_kt + hk * stride_kh + dd[None, :]
     k_blk = tl.load(k + kp, mask=kmask, other=0.0)
@@ -97,10 +100,47 @@ def _dkdv_subtile(
     v_blk, _ = _finite_values(tl.load(v + kp, mask=kmask, other=0.0))
     dk_acc = tl.zeros([BLOCK_N, D], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, D], tl.float32)
-    for mt in range(n_mt):
-        valid, pos, tok, qp, qmask, lp = _gather_rows(
-            token_ids, p_row, c0 + mt * TOK, ii, row_len, hq, dd, dmask, stride_qt, stride_qh, stride_lt, TOK
+    dk_acc, dv_acc = _dkdv_heads(
+        q, k_blk, v_blk, do, lse, delta, dqbuf, token_ids, stride_qt, stride_qh, stride_lt, g, d, qk_scale, sm_scale,
+        hk, p_row, c0, end, base, kb, kl, c, dd, dmask, kt, dk_acc, dv_acc, G, G_HI, G_HI, 0, BLOCK_M, FUSED_DQ, PREC,
+    )
+    if G_LO > 0:
+        dk_acc, dv_acc = _dkdv_heads(
+            q, k_blk, v_blk, do, lse, delta, dqbuf, token_ids, stride_qt, stride_qh, stride_lt, g, d, qk_scale,
+            sm_scale, hk, p_row, c0, end, base, kb, kl, c, dd, dmask, kt, dk_acc, dv_acc,
+            G, G_LO_P, G_LO, G_HI, BLOCK_M, FUSED_DQ, PREC,
         )
+    dk_acc = dk_acc * sm_scale
+    if split:
+        so = (slot.to(tl.int64) * block_size + c)[:, None] * d + dd[None, :]
+        tl.store(dkp + so, dk_acc, mask=kmask)
+        tl.store(dvp + so, dv_acc, mask=kmask)
+    else:
+        tl.store(dk + kp, dk_acc.to(dk.dtype.element_ty), mask=kmask)
+        tl.store(dv + kp, dv_acc.to(dv.dtype.element_ty), mask=kmask)
+
+
+@triton.jit
+def _dkdv_heads(
+    q, k_blk, v_blk, do, lse, delta, dqbuf, token_ids, stride_qt, stride_qh, stride_lt, g, d, qk_scale, sm_scale,
+    hk, p_row, c0, end, base, kb, kl, c, dd, dmask, kt, dk_acc, dv_acc,
+    G: tl.constexpr, GP: tl.constexpr, NP: tl.constexpr, J0: tl.constexpr, BLOCK_M: tl.constexpr,
+    FUSED_DQ: tl.constexpr, PREC: tl.constexpr,
+):
+    """(dk_acc, dv_acc) plus the contributions of heads J0 .. J0 + NP of the group over entries
+    [c0, end) of the row, in tiles of BLOCK_M // GP tokens x GP head rows (GP >= NP a power of
+    two; rows of heads >= NP are masked); with FUSED_DQ also the entries' dq partials."""
+    TOKP: tl.constexpr = BLOCK_M // GP
+    ii = tl.arange(0, BLOCK_M) // GP  # token of each tile row
+    jj = tl.arange(0, BLOCK_M) % GP  # head of each tile row within the part
+    hq = hk * g + J0 + jj
+    for t0 in range(c0, end, TOKP):
+        valid, pos, tok, qp, qmask, lp = _gather_rows(
+            token_ids, p_row, t0, ii, end, hq, dd, dmask, stride_qt, stride_qh, stride_lt, TOKP
+        )
+        if NP < GP:  # padded head rows (a rest that is not a power of two)
+            valid = valid & (jj < NP)
+            qmask = qmask & (jj < NP)[:, None]
         q_t = tl.load(q + qp, mask=qmask, other=0.0)
         do_t = tl.load(do + qp, mask=qmask, other=0.0)
         lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E_C
@@ -114,18 +154,11 @@ def _dkdv_subtile(
         dk_acc += tl.dot(tl.trans(ds.to(q_t.dtype)), q_t, input_precision=PREC)
         if FUSED_DQ:
             dq = tl.dot(ds.to(k_blk.dtype), k_blk, input_precision=PREC) * sm_scale
-            dqp = dqbuf + ((pos - base).to(tl.int64) * G + jj)[:, None] * d + dd[None, :]
+            dqp = dqbuf + ((pos - base).to(tl.int64) * G + J0 + jj)[:, None] * d + dd[None, :]
             if kt > 0:
                 dq += tl.load(dqp, mask=qmask, other=0.0).to(tl.float32)
             tl.store(dqp, dq.to(dqbuf.dtype.element_ty), mask=qmask)
-    dk_acc = dk_acc * sm_scale
-    if split:
-        so = (slot.to(tl.int64) * block_size + c)[:, None] * d + dd[None, :]
-        tl.store(dkp + so, dk_acc, mask=kmask)
-        tl.store(dvp + so, dv_acc, mask=kmask)
-    else:
-        tl.store(dk + kp, dk_acc.to(dk.dtype.element_ty), mask=kmask)
-        tl.store(dv + kp, dv_acc.to(dv.dtype.element_ty), mask=kmask)
+    return dk_acc, dv_acc
 
 
 @triton.jit

@@ -8,7 +8,8 @@ Vocabulary (all counts in elements unless stated):
 - row: one CSR row of the selection index, ``kv_head * block_capacity + global_block``; it
   lists the (token, slot) entries that selected that KV block.
 - entry: one (token, KV head, slot) with a valid block; entry ``p`` is position p of token_ids.
-- tile: BLOCK_M MMA rows = TOK tokens of one row x G query heads (token-major, heads inner).
+- tile: BLOCK_M MMA rows = TOK tokens of one row x G query heads (token-major, heads inner); the
+  backward's tiles hold one power-of-two part of the group's heads at a time (``head_parts``).
 - item: the unit of one program of a work-list launch: up to ``per_item`` tokens of one row.
 - chunk: a set of query heads whose partial buffers are alive at the same time (memory bound).
 """
@@ -109,6 +110,28 @@ def head_chunks(h_kv: int, g: int, per_head_bytes: int, allow_partial_groups: bo
     return [Chunk(hk, 1, j0, min(size, g - j0)) for hk in range(h_kv) for j0 in range(0, g, size)]
 
 
+def head_parts(g: int) -> tuple[int, int]:
+    """(g_hi, g_lo): a group's heads as its largest power of two and the rest (0 when g is one)."""
+    g_hi = 1 << (g.bit_length() - 1)
+    return g_hi, g - g_hi
+
+
+def pow2_chunks(chunks: list[Chunk]) -> list[Chunk]:
+    """Each chunk's heads as power-of-two parts over the same KV heads, largest first (5 = 4 + 1,
+    7 = 4 + 2 + 1). A part's tiles map rows to (token, head) by shifts and hold no padding rows,
+    and d = 128 gets the 128-row forward tile only at power-of-two head counts (``fwd_tiles``): the
+    FSA forward at 64K, (64, 16), g = 3, 5, 6, 7 took 0.85-0.88x the time of one launch per chunk,
+    0.87x at 16K, 0.89x at 128K, 0.98x at (128, 8) (results/h200/checks/ab-fsa-pow2-heads/)."""
+    out = []
+    for c in chunks:
+        j0, left = c.j0, c.heads
+        while left:
+            part = 1 << (left.bit_length() - 1)
+            out.append(Chunk(c.hk0, c.n_kv, j0, part))
+            j0, left = j0 + part, left - part
+    return out
+
+
 def fits_whole_groups(per_head_bytes: int) -> bool:
     """Whether a chunk of whole groups keeps within the budget (per query head)."""
     return per_head_bytes <= BUFFER_BUDGET_BYTES
@@ -160,7 +183,10 @@ def bwd_tiles(G: int, D: int, block_size: int) -> Tiles:
     (tokens x heads) per tile up to D = 128: against 64 rows, 0.69-0.87x the backward's time at
     64K, g = 1, 2, 4, 5, 8, (64, 16) and (128, 8), 8 warps at d = 128, 4 at d = 64 (0.84x of 8
     there; results/h200/checks/ab-fsa-tiles/; 64 rows had been 0.83-0.90x of 32,
-    results/h200/checks/ab-dq-partials/). 256 rows exceeded the H200's shared memory at d = 128."""
+    results/h200/checks/ab-dq-partials/). 256 rows exceeded the H200's shared memory at d = 128.
+    The group's head parts (``head_parts``) walk the tile in turn; ``tok`` is the most tokens a
+    tile of one part holds (BLOCK_M over the rest's padded head count where there is a rest), so
+    items of whole tiles of it are whole tiles of either part."""
     block_n = min(block_size, 64)
     if interpreting():
         block_m, warps, stages = max(64, next_pow2(G)), 4, 1
@@ -168,7 +194,8 @@ def bwd_tiles(G: int, D: int, block_size: int) -> Tiles:
         block_m, warps, stages = max(128, next_pow2(G)), (4 if D <= 64 else 8), 2
     else:
         block_m, warps, stages = max(32, next_pow2(G)), 8, 1
-    return Tiles(block_m, block_m // G, block_n, 0, warps, stages)
+    g_hi, g_lo = head_parts(G)
+    return Tiles(block_m, block_m // (next_pow2(g_lo) if g_lo else g_hi), block_n, 0, warps, stages)
 
 
 def split_tiles(tok: int, entries: int, block_size: int, d: int) -> int:

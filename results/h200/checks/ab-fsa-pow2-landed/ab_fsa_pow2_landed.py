@@ -13,6 +13,13 @@ at powers of two the tree's loop counts 2.5 % more instructions per tile than be
 tree and ~1.00x for the tile-count form at g = 1, 4, 8; at g = 5 the tile-count form spills 88 B
 with 4 + 3 reloads per tile against 48 B and 1 + 1, so >= the tree's time there.
 
+Ran at 188fb1d (landed.log, landed.json): forward g = 5 0.86x, g = 3, 6, 7 0.88x, 0.97x at g = 5
+(128, 8), 0.99-1.00x at powers of two; backward, stepping by tokens: g = 5 0.81x (0.82x at
+(128, 8)), g = 3, 6, 7 0.87-0.91x, but g = 1 1.06x, g = 4 1.01x (1.04x at (128, 8)); counting
+tiles: 1.00-1.01x at powers of two, g = 5 0.85x (0.89x at (128, 8)), g = 6, 7 0.86x, 0.87x. The
+kernel since takes the tile count where the part is the whole group and steps by tokens where
+the group has a rest, so LOOP_TREE no longer matches the tree: run this at 188fb1d.
+
 Usage on the H200 (repo root; BASE holds fsa.py, fsa_bwd.py, fsa_plan.py of the baseline):
   mkdir -p BASE && for f in fsa fsa_bwd fsa_plan; do git show 3e5a55c:src/fsalab/ops/selection/$f.py > BASE/$f.py; done
   PYTHONPATH=src python results/h200/checks/ab-fsa-pow2-landed/ab_fsa_pow2_landed.py BASE out.json

@@ -129,35 +129,65 @@ def _dkdv_heads(
 ):
     """(dk_acc, dv_acc) plus the contributions of heads J0 .. J0 + NP of the group over entries
     [c0, end) of the row, in tiles of BLOCK_M // GP tokens x GP head rows (GP >= NP a power of
-    two; rows of heads >= NP are masked); with FUSED_DQ also the entries' dq partials."""
+    two; rows of heads >= NP are masked); with FUSED_DQ also the entries' dq partials.
+
+    Two spellings of one loop, as the compiler schedules them differently (64K, (64, 16), against
+    the kernel before head parts; results/h200/checks/ab-fsa-pow2-landed/): over a count of
+    tiles where the part is the whole group (1.00-1.01x at g = 1, 4, 8; stepping by tokens
+    there took 1.06x at g = 1, 1.04x at g = 4 (128, 8)), over token offsets where the group has
+    a rest (g = 5: 0.81x, against 0.85x counting tiles; 0.82x against 0.89x at (128, 8))."""
     TOKP: tl.constexpr = BLOCK_M // GP
+    if NP == G:
+        for mt in range(tl.cdiv(end - c0, TOKP)):
+            dk_acc, dv_acc = _dkdv_tile(
+                q, k_blk, v_blk, do, lse, delta, dqbuf, token_ids, stride_qt, stride_qh, stride_lt, g, d, qk_scale,
+                sm_scale, hk, p_row, c0 + mt * TOKP, end, base, kb, kl, c, dd, dmask, kt, dk_acc, dv_acc,
+                G, GP, NP, J0, BLOCK_M, FUSED_DQ, PREC,
+            )
+    else:
+        for t0 in range(c0, end, TOKP):
+            dk_acc, dv_acc = _dkdv_tile(
+                q, k_blk, v_blk, do, lse, delta, dqbuf, token_ids, stride_qt, stride_qh, stride_lt, g, d, qk_scale,
+                sm_scale, hk, p_row, t0, end, base, kb, kl, c, dd, dmask, kt, dk_acc, dv_acc,
+                G, GP, NP, J0, BLOCK_M, FUSED_DQ, PREC,
+            )
+    return dk_acc, dv_acc
+
+
+@triton.jit
+def _dkdv_tile(
+    q, k_blk, v_blk, do, lse, delta, dqbuf, token_ids, stride_qt, stride_qh, stride_lt, g, d, qk_scale, sm_scale,
+    hk, p_row, t0, end, base, kb, kl, c, dd, dmask, kt, dk_acc, dv_acc,
+    G: tl.constexpr, GP: tl.constexpr, NP: tl.constexpr, J0: tl.constexpr, BLOCK_M: tl.constexpr,
+    FUSED_DQ: tl.constexpr, PREC: tl.constexpr,
+):
+    """One tile of ``_dkdv_heads``: entries t0 + [0, BLOCK_M // GP) (below end) of the row."""
     ii = tl.arange(0, BLOCK_M) // GP  # token of each tile row
     jj = tl.arange(0, BLOCK_M) % GP  # head of each tile row within the part
     hq = hk * g + J0 + jj
-    for t0 in range(c0, end, TOKP):
-        valid, pos, tok, qp, qmask, lp = _gather_rows(
-            token_ids, p_row, t0, ii, end, hq, dd, dmask, stride_qt, stride_qh, stride_lt, TOKP
-        )
-        if NP < GP:  # padded head rows (a rest that is not a power of two)
-            valid = valid & (jj < NP)
-            qmask = qmask & (jj < NP)[:, None]
-        q_t = tl.load(q + qp, mask=qmask, other=0.0)
-        do_t = tl.load(do + qp, mask=qmask, other=0.0)
-        lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E_C
-        dl = tl.load(delta + lp, mask=valid, other=0.0)
-        live = valid[:, None] & (c < kl)[None, :] & ((kb + c)[None, :] <= tok[:, None])
-        s = tl.dot(q_t, tl.trans(k_blk), input_precision=PREC) * qk_scale
-        p = tl.exp2(tl.where(live, s, float("-inf")) - lse2[:, None])
-        dv_acc += tl.dot(tl.trans(p.to(do_t.dtype)), do_t, input_precision=PREC)
-        dp = tl.dot(do_t, tl.trans(v_blk), input_precision=PREC)
-        ds = p * (dp - dl[:, None])
-        dk_acc += tl.dot(tl.trans(ds.to(q_t.dtype)), q_t, input_precision=PREC)
-        if FUSED_DQ:
-            dq = tl.dot(ds.to(k_blk.dtype), k_blk, input_precision=PREC) * sm_scale
-            dqp = dqbuf + ((pos - base).to(tl.int64) * G + J0 + jj)[:, None] * d + dd[None, :]
-            if kt > 0:
-                dq += tl.load(dqp, mask=qmask, other=0.0).to(tl.float32)
-            tl.store(dqp, dq.to(dqbuf.dtype.element_ty), mask=qmask)
+    valid, pos, tok, qp, qmask, lp = _gather_rows(
+        token_ids, p_row, t0, ii, end, hq, dd, dmask, stride_qt, stride_qh, stride_lt, BLOCK_M // GP
+    )
+    if NP < GP:  # padded head rows (a rest that is not a power of two)
+        valid = valid & (jj < NP)
+        qmask = qmask & (jj < NP)[:, None]
+    q_t = tl.load(q + qp, mask=qmask, other=0.0)
+    do_t = tl.load(do + qp, mask=qmask, other=0.0)
+    lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E_C
+    dl = tl.load(delta + lp, mask=valid, other=0.0)
+    live = valid[:, None] & (c < kl)[None, :] & ((kb + c)[None, :] <= tok[:, None])
+    s = tl.dot(q_t, tl.trans(k_blk), input_precision=PREC) * qk_scale
+    p = tl.exp2(tl.where(live, s, float("-inf")) - lse2[:, None])
+    dv_acc += tl.dot(tl.trans(p.to(do_t.dtype)), do_t, input_precision=PREC)
+    dp = tl.dot(do_t, tl.trans(v_blk), input_precision=PREC)
+    ds = p * (dp - dl[:, None])
+    dk_acc += tl.dot(tl.trans(ds.to(q_t.dtype)), q_t, input_precision=PREC)
+    if FUSED_DQ:
+        dq = tl.dot(ds.to(k_blk.dtype), k_blk, input_precision=PREC) * sm_scale
+        dqp = dqbuf + ((pos - base).to(tl.int64) * G + J0 + jj)[:, None] * d + dd[None, :]
+        if kt > 0:
+            dq += tl.load(dqp, mask=qmask, other=0.0).to(tl.float32)
+        tl.store(dqp, dq.to(dqbuf.dtype.element_ty), mask=qmask)
     return dk_acc, dv_acc
 
 

@@ -21,7 +21,14 @@ instructions per thread and tile):
   tile 831 / 1097, g = 8 1518 / 1863; but 188 B spilled against 12 at g = 4 (both ranges' code
   in one kernel): about 0.9x of its 3.5 ms at 64K g = 4 if the spills stay out of the loop.
 Under the interpreter the variants' outputs and gradients are bit-identical to the tree's (g = 1,
-4, 5; (64, ·) and (128, ·); packed batches; rows split over programs). Prepared, not yet run.
+4, 5; (64, ·) and (128, ·); packed batches; rows split over programs).
+
+Ran at 3e5a55c (causal.log, causal.json; 64K unless stated): forward variant 1.04x at g = 1, 1.05x
+at g = 4, 0.99x at g = 5, 1.04x at g = 8, 1.04x at g = 4 (128, 8), 1.02x at 16K, 1.06x at 128K;
+backward variant 1.02x, 1.01x, 0.93x, 1.05x, 1.02x, 1.02x, 1.02x. The prediction failed: fewer
+instructions in the plain loop did not make either kernel faster, so neither is issue-bound
+there; the variants were not landed. The generators edit that commit's fsa_bwd.py and
+fsa_partials.py: run this at 3e5a55c.
 
 Usage on the H200 (repo root):
   PYTHONPATH=src:results/h200/checks/ab-fsa-causal-tiles python results/h200/checks/ab-fsa-causal-tiles/ab_fsa_causal_tiles.py out.json

@@ -22,8 +22,15 @@ _dkdv_pow2_kernel --const G_HI=4 --const G_LO=1 --const G_LO_P=1 --const PER_ITE
 loop: 0.92x from the count, more if the
 reloads cost what they did in the forward's 125-row tile; g = 5 fwd+bwd over g = 4 at 64K 1.36x
 -> about 1.28x. Under the interpreter both split paths match the tree (forward bit-identical,
-dq bit-identical, dK/dV within 2e-5 relative in fp16, split rows included). Prepared, not yet
-run.
+dq bit-identical, dK/dV within 2e-5 relative in fp16, split rows included).
+
+Ran at 3e5a55c (pow2.log, pow2.json; 64K, (64, 16) unless stated), split / tree: forward g = 5
+0.85x, g = 3 0.86x, g = 6 0.87x, g = 7 0.88x, g = 5 (128, 8) 0.98x, 16K 0.87x, 128K 0.89x;
+backward 0.80x, 0.87x, 0.87x, 0.91x, 0.81x, 0.85x, 0.79x; forward outputs within one bf16 ulp of
+the tree's (same error against the fp32 reference), dq bit-identical, dK/dV within 2e-4
+relative. The forward's partials came as predicted (0.81x of 5.5 ms is 4.5; the whole forward
+0.85x), the backward beat its >= 0.92x bound. Landed in 188fb1d (fsa_plan.pow2_chunks,
+fsa_bwd._dkdv_kernel with head parts); that change's own A/B is ../ab-fsa-pow2-landed/.
 
 Usage on the H200 (repo root):
   PYTHONPATH=src:results/h200/checks/ab-fsa-pow2-heads python results/h200/checks/ab-fsa-pow2-heads/ab_fsa_pow2_heads.py out.json

@@ -3,9 +3,12 @@
 # files with GPU tests are dealt into CHUNKS groups (heaviest first) that run side by side on
 # the one GPU (most of the time is Triton compilation, which is host-bound), with
 # FSALAB_AUTOTUNE=0 (each kernel's first config that survives pruning, no autotune timing).
-# Each chunk's log goes to $OUT/pytest-gpu-<i>.log; prints every chunk's summary line; exits 1
-# when any chunk fails.
-#   source scripts/gpu/setup_site.sh && bash scripts/gpu/run_gpu_tests.sh [CHUNKS] [PYTEST ARGS...]
+# Each chunk's log goes to $OUT/pytest-gpu-<i>.log; $OUT/pytest-gpu-summary.txt gets each chunk's
+# files and result (scripts/gpu/gpu_tests_summary.py), printed at the end; exits 1 when any
+# chunk failed or did not finish. GPU_TESTS_BUDGET_S (seconds, optional) stops the chunks still
+# running then with SIGINT, so they still print their counts (keep it under the device call's
+# own limit, or nothing is summarised).
+#   source scripts/gpu/setup_site.sh && [GPU_TESTS_BUDGET_S=540] bash scripts/gpu/run_gpu_tests.sh [CHUNKS] [PYTEST ARGS...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 chunks=${1:-8}
@@ -20,18 +23,21 @@ heavy=(tests/test_gpu_selection.py tests/test_decode_gpu.py tests/test_gpu_flash
        tests/test_selection_fsa.py tests/test_selection_nsa.py tests/test_gpu_compression.py tests/test_compressed_attention.py)
 mapfile -t rest < <(grep -l "mark.gpu" tests/test_*.py | grep -vxF -f <(printf '%s\n' "${heavy[@]}") | xargs ls -S)
 files=("${heavy[@]}" "${rest[@]}")
+budget=${GPU_TESTS_BUDGET_S:-0}
+stop=()
+(( budget > 0 )) && stop=(timeout --signal=INT --kill-after=30 "$budget")
 start=$(date +%s)
 pids=()
+lists=()
 for ((i = 0; i < chunks; i++)); do
   mine=()
   for ((j = i; j < ${#files[@]}; j += chunks)); do mine+=("${files[j]}"); done
   [[ ${#mine[@]} -eq 0 ]] && continue
   echo "chunk $i: ${mine[*]}"
-  python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs "$@" "${mine[@]}" > "$OUT/pytest-gpu-$i.log" 2>&1 &
+  lists+=(--chunk "${mine[*]}")
+  "${stop[@]}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs "$@" "${mine[@]}" > "$OUT/pytest-gpu-$i.log" 2>&1 &
   pids+=($!)
 done
-status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+for pid in "${pids[@]}"; do wait "$pid"; done
 for log in "$OUT"/pytest-gpu-*.log; do echo "--- $log"; tail -n 15 "$log"; done
-echo "all chunks: $(( $(date +%s) - start )) s, status $status"
-exit $status
+python3 scripts/gpu/gpu_tests_summary.py --out "$OUT" --seconds $(( $(date +%s) - start )) "${lists[@]}"

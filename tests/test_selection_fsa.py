@@ -175,13 +175,14 @@ def test_fsa_head_chunks_and_split_rows(impl, monkeypatch, seed, gen, device):
 
 
 @pytest.mark.slow(30)
-@pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
-def test_fsa_dkdv_alone_two_key_tiles(impl, monkeypatch, seed, gen, device):
+@pytest.mark.parametrize("impl,g", [("fsa", 8), ("fsa_paper", 8), ("fsa", 3)])
+def test_fsa_dkdv_alone_two_key_tiles(impl, g, monkeypatch, seed, gen, device):
     """The H200 failure case, small: fp16, g = 8, d = 128, 128-key blocks (two key sub-tiles) from
     real selection, split rows, dK/dV computed apart from dq (always in fsa_paper; in fsa once a
-    group's dq partials exceed the budget). There, fsa_paper's dK was wrong while its dV was right."""
+    group's dq partials exceed the budget). There, fsa_paper's dK was wrong while its dV was right.
+    g = 3: the same path walking two head parts (2 + 1) per key sub-tile program."""
     cfg = NSAConfig(kernel_size=32, kernel_stride=16, block_size=128, topk=8, init_blocks=1, local_blocks=2)
-    batch = make_batch([300], 8, 1, 128, dtype=torch.float16, device=device, seed=seed)
+    batch = make_batch([300], g, 1, 128, dtype=torch.float16, device=device, seed=seed)
     monkeypatch.setattr(fsa_plan, "MIN_SPLIT_TILES", 1)
     if impl == "fsa":
         monkeypatch.setattr(fsa_plan, "BUFFER_BUDGET_BYTES", 1)

@@ -57,7 +57,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import native_specialize_impl  # noqa: E402
 
 from fsalab.ops._triton import dot_precision, next_pow2, search_steps  # noqa: E402
-from fsalab.ops.selection.fsa_plan import bwd_tiles, fwd_tiles, head_parts  # noqa: E402
+from fsalab.ops.selection.fsa_plan import bwd_tiles, fwd_tiles, head_parts, split_tiles  # noqa: E402
 
 BIN = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 N, H_KV, D, BS, TOPK = 65536, 4, 128, 64, 16
@@ -91,6 +91,14 @@ def _fsa_ints(g: int) -> dict[str, int]:
                 r_end=H_KV * CAP, cap=CAP, g=g, d=D)
 
 
+def _dkdv_const(g: int, bm: int) -> dict:
+    """Constexprs of the fused backward's _dkdv_kernel at 64K: head parts and items as fsa plans them."""
+    g_hi, g_lo = head_parts(g)
+    tok = bwd_tiles(g, D, BS).tok
+    return dict(G=g, G_HI=g_hi, G_LO=g_lo, G_LO_P=next_pow2(g_lo), PER_ITEM=tok * split_tiles(tok, N * TOPK * H_KV, BS, D),
+                BLOCK_M=bm, BLOCK_N=BS, NUM_KT=1, D=D, FUSED_DQ=True, PREC=PREC)
+
+
 _FSA_I32 = {n: "*i32" for n in ("row_ptr", "token_ids", "blk_start", "blk_len", "blk_local", "first", "item_row",
                                 "item_sub", "max_rest", "slot_first", "v_bad_rows")}
 
@@ -116,9 +124,7 @@ KERNELS = {
         "fsalab.ops.selection.fsa_bwd", "_dkdv_kernel",
         {"lse": "*fp32", "delta": "*fp32", "dkp": "*fp32", "dvp": "*fp32", **_FSA_I32}, ("qk_scale", "sm_scale"),
         lambda g: {**_fsa_ints(g), "block_size": BS},
-        lambda g, bm: dict(G=g, G_HI=head_parts(g)[0], G_LO=head_parts(g)[1], G_LO_P=next_pow2(head_parts(g)[1]),
-                           PER_ITEM=16 * bwd_tiles(g, D, BS).tok, BLOCK_M=bm, BLOCK_N=BS, NUM_KT=1, D=D,
-                           FUSED_DQ=True, PREC=PREC),
+        lambda g, bm: _dkdv_const(g, bm),
         _fsa_configs(lambda g: bwd_tiles(g, D, BS)),
         "tile", lambda g, bm: bm),
 }

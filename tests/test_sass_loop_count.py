@@ -42,12 +42,18 @@ def test_replace_must_match_once():
     assert out.returncode != 0 and "occurs 0 times" in out.stderr + out.stdout
 
 
-def test_variant_function_and_two_loops():
-    """--source/--function/--const build an A/B's variant kernel; --loops 2 reports both its tile loops."""
-    variant = Path(__file__).resolve().parents[1] / "results/h200/checks/ab-fsa-pow2-heads/fsa_bwd_pow2.py"
-    out = _run("--kernel", "fsa_dkdv", "--source", str(variant), "--function", "_dkdv_pow2_kernel",
-               "--const", "G_HI=4", "--const", "G_LO=1", "--const", "G_LO_P=1", "--const", "PER_ITEM=2048",
+def test_variant_function_and_two_loops(tmp_path):
+    """--source/--function/--const build an A/B's variant kernel (here one derived from the tree's
+    fused backward with an added constexpr); --loops 2 reports both tile loops of g = 5's head parts."""
+    tree = (Path(__file__).resolve().parents[1] / "src/fsalab/ops/selection/fsa_bwd.py").read_text()
+    head, end = "def _dkdv_kernel(\n", "PREC: tl.constexpr,\n):\n    r, sub, ok = "
+    assert tree.count(head) == 1 and tree.count(end) == 1, "the kernel's signature moved: update this test"
+    variant = tree.replace(head, "def _dkdv_variant(\n").replace(end, "PREC: tl.constexpr, EXTRA: tl.constexpr,\n):\n    r, sub, ok = ")
+    source = tmp_path / "fsa_bwd_variant.py"
+    source.write_text(variant)
+    out = _run("--kernel", "fsa_dkdv", "--source", str(source), "--function", "_dkdv_variant", "--const", "EXTRA=1",
                "--rows", "128", "--loops", "2", "--config", "5,128,8")
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "fsa_dkdv:_dkdv_variant G=5" in out.stdout, out.stdout
     loops = re.findall(r"loop (\d) (\d+) instructions per thread and tile \((\d+) per", out.stdout)
     assert [n for n, _, _ in loops] == ["1", "2"] and all(int(k) > 100 for _, k, _ in loops), out.stdout

@@ -74,6 +74,22 @@ def _key_block(key, kb):
 
 
 @triton.jit
+def _store_ascending(out, run, kb, ok, TOPK: tl.constexpr, T_P: tl.constexpr):
+    """Rows' top TOPK blocks from their ascending key runs (run [rows, T_P], the top TOPK in the
+    last columns, empty slots negative) to out [rows, 1] + [0, TOPK), ascending by block, -1
+    after: a chosen block goes to slot (number of chosen blocks below it). Rows where ok is
+    False are not written."""
+    col = tl.arange(0, T_P)
+    chosen = (col[None, :] >= T_P - TOPK) & (run >= 0)
+    blocks = tl.where(chosen, _key_block(run, kb), 0x7FFFFFFF)
+    rank = tl.sum((blocks[:, None, :] < blocks[:, :, None]).to(tl.int32), axis=2)
+    n_chosen = tl.sum(chosen.to(tl.int32), axis=1)
+    tl.store(out + rank, blocks, mask=ok & chosen)
+    pad = (col[None, :] >= n_chosen[:, None]) & (col[None, :] < TOPK)
+    tl.store(out + col[None, :], tl.zeros_like(run) - 1, mask=ok & pad)
+
+
+@triton.jit
 def _empty_run(ROWS: tl.constexpr, T_P: tl.constexpr):
     """[ROWS, T_P] ascending run of T_P distinct negative keys (empty slots, above _KEY_NONE)."""
     col = tl.arange(0, T_P)
@@ -190,9 +206,7 @@ def _select_kernel(
     w_spill = tl.maximum(i + MP - R, 0).to(tl.float32)  # ... inside block b+1
     bb = tl.arange(0, BB)
     prev = tl.maximum(bb - 1, 0)[None, :] + tl.zeros([BLOCK_T, BB], dtype=tl.int32)
-    col = tl.arange(0, T_P)
     run = _empty_run(BLOCK_T, T_P)  # ascending; its last TOPK columns are the top TOPK
-    top_col = col >= T_P - TOPK
 
     last_own = (tl.minimum(t0 + BLOCK_T, n) - 1) // BS
     n_chunks = tl.where(t0 < n, last_own // BB + 1, 0)
@@ -220,15 +234,8 @@ def _select_kernel(
         key = tl.where(t_ok[:, None] & (blk <= own[:, None]), _block_key(score, blk, kb), _KEY_NONE)
         run = _merge_topk(run, key, T_P)
 
-    # Ascending output: a chosen block goes to slot (number of chosen blocks below it); -1 after.
-    chosen = top_col[None, :] & (run >= 0)
-    blocks = tl.where(chosen, _key_block(run, kb), 0x7FFFFFFF)
-    rank = tl.sum((blocks[:, None, :] < blocks[:, :, None]).to(tl.int32), axis=2)
-    n_chosen = tl.sum(chosen.to(tl.int32), axis=1)
-    out = out_ptr + (start + pos).to(tl.int64)[:, None] * s_ot + kvh * s_oh
-    tl.store(out + rank, blocks, mask=t_ok[:, None] & chosen)
-    pad = (col[None, :] >= n_chosen[:, None]) & (col[None, :] < TOPK)
-    tl.store(out + col[None, :], tl.full([BLOCK_T, T_P], -1, dtype=tl.int32), mask=t_ok[:, None] & pad)
+    _store_ascending(out_ptr + (start + pos).to(tl.int64)[:, None] * s_ot + kvh * s_oh, run, kb, t_ok[:, None],
+                     TOPK, T_P)
 
 
 def select_blocks(

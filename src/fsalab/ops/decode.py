@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 
 from ..checks import KERNEL_DTYPES, MAX_GROUP, check_kernel_call, check_tensor
-from .block_select import _KEY_NONE, _block_key, _empty_run, _key_bits, _key_block, _merge_topk
+from .block_select import _KEY_NONE, _block_key, _empty_run, _key_bits, _merge_topk, _store_ascending
 from .decode_cache import NSADecodeCache
 from ._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, dot_precision, next_pow2, unit_last_stride
 
@@ -412,16 +412,9 @@ def _topk_kernel(keys_ptr, len_ptr, idx_ptr, n_kv_heads, n_splits, BS: tl.conste
     kb = _key_bits((tl.load(len_ptr + pid // n_kv_heads) - 1) // BS)
     i = tl.arange(0, NK)
     cand = tl.load(keys_ptr + pid.to(tl.int64) * n_splits * T_P + i, mask=i < n_splits * T_P, other=_KEY_NONE)
-    col = tl.arange(0, T_P)
     run = _merge_topk(_empty_run(1, T_P), cand[None, :], T_P)
-    chosen = (col[None, :] >= T_P - TOPK) & (run >= 0)
-    blocks = tl.where(chosen, _key_block(run, kb), 0x7FFFFFFF)
-    rank = tl.sum((blocks[:, None, :] < blocks[:, :, None]).to(tl.int32), axis=2)
-    n_chosen = tl.sum(chosen.to(tl.int32), axis=1)
-    out = idx_ptr + pid.to(tl.int64) * TOPK
-    tl.store(out + rank, blocks, mask=chosen)
-    pad = (col[None, :] >= n_chosen[:, None]) & (col[None, :] < TOPK)
-    tl.store(out + col[None, :], tl.full([1, T_P], -1, dtype=tl.int32), mask=pad)
+    _store_ascending(idx_ptr + pid.to(tl.int64) * TOPK + tl.zeros([1, 1], dtype=tl.int64), run, kb,
+                     tl.full([1, 1], 1, dtype=tl.int1), TOPK, T_P)
 
 
 @triton.jit

@@ -30,7 +30,8 @@ backward 0.80x, 0.87x, 0.87x, 0.91x, 0.81x, 0.85x, 0.79x; forward outputs within
 the tree's (same error against the fp32 reference), dq bit-identical, dK/dV within 2e-4
 relative. The forward's partials came as predicted (0.81x of 5.5 ms is 4.5; the whole forward
 0.85x), the backward beat its >= 0.92x bound. Landed in 188fb1d (fsa_plan.pow2_chunks,
-fsa_bwd._dkdv_kernel with head parts); that change's own A/B is ../ab-fsa-pow2-landed/.
+fsa_bwd._dkdv_kernel with head parts); that change's own A/B is ../ab-fsa-pow2-landed/. Since
+then the tree's forward is the split itself: run this at 3e5a55c.
 
 Usage on the H200 (repo root):
   PYTHONPATH=src:results/h200/checks/ab-fsa-pow2-heads python results/h200/checks/ab-fsa-pow2-heads/ab_fsa_pow2_heads.py out.json

@@ -7,7 +7,9 @@ to (token, head) by shifts instead of a division by g, and no tile row is paddin
 Items are PER_ITEM tokens (a multiple of both tile widths). dq partials keep the tree's layout
 (entry x g heads), so the tree's SUM merge reads them.
 
-For the A/B in ab_fsa_pow2_heads.py (prediction there); not part of the library.
+For the A/B in ab_fsa_pow2_heads.py (prediction and outcome there), which ran at 3e5a55c; the
+library's fsa_bwd._dkdv_kernel walks head parts the same way since c02f881, so this file is the
+record of what that A/B ran, not code to change.
 """
 import dataclasses
 

@@ -182,6 +182,36 @@ def test_supersede_only_points_matching_a_filter(tmp_path):
     assert sorted(p.name for p in versus.iterdir()) == ["x-N16384-g4.json", "x-N65536-g1.json"]
 
 
+def test_rerun_seconds_counts_a_timed_group_once(tmp_path):
+    rows = [{"experiment": "versus", "group": "fwd N=65536", "elapsed_s": 10.0},
+            {"experiment": "versus", "group": "fwd N=65536", "elapsed_s": 10.0},  # same group, same call
+            {"experiment": "versus", "group": "fwd N=65536", "elapsed_s": 4.0},  # same group, another call
+            {"experiment": "kernel", "elapsed_s": 2.5},
+            {"experiment": "kernel", "elapsed_s": 2.5},
+            {"experiment": "kernel"}]  # no time recorded
+    paths = []
+    for i, row in enumerate(rows):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(row))
+    assert results.rerun_seconds(paths) == 10.0 + 4.0 + 2.5 + 2.5
+    assert results.rerun_seconds([]) == 0.0
+
+
+def test_supersede_dry_run_reports_the_rerun_cost(tmp_path, capsys):
+    from fsalab import cli
+
+    old = "fedcba9876543210fedcba9876543210fedcba98"
+    kernel = tmp_path / "h200" / "kernel"
+    kernel.mkdir(parents=True)
+    for point, elapsed in (("a", 3.0), ("b", 5.0)):
+        (kernel / f"{point}.json").write_text(json.dumps({"point": point, "experiment": "kernel", "elapsed_s": elapsed,
+                                                          "provenance": {"git_commit": old}}))
+    assert cli.main(["supersede", "--platform", "h200", "--min-commit", old[:7] + "0", "--experiment", "kernel",
+                     "--results-dir", str(tmp_path), "--dry-run"]) == 0
+    assert "kernel: 2 point files, 8 s of device time when measured" in capsys.readouterr().err
+    assert sorted(p.name for p in kernel.iterdir()) == ["a.json", "b.json"]  # a dry run moves nothing
+
+
 def test_commit_order_from_git():
     import subprocess
 

@@ -204,8 +204,13 @@ def cmd_supersede(args) -> int:
 
     moves = results.supersede(args.platform, args.min_commit, args.results_dir, args.experiment, args.dry_run,
                               args.filter)
+    by_experiment: dict[str, list[str]] = {}
     for old, new in moves:
         print(f"{old} -> {new}")
+        by_experiment.setdefault(Path(old).parent.name, []).append(old if args.dry_run else new)
+    for experiment, paths in sorted(by_experiment.items()):
+        print(f"{experiment}: {len(paths)} point files, {results.rerun_seconds(paths):.0f} s of device time when "
+              "measured", file=sys.stderr)
     print(f"{len(moves)} point files measured before {args.min_commit} {'would move' if args.dry_run else 'moved'}",
           file=sys.stderr)
     return 0

@@ -242,6 +242,21 @@ def measured_at_or_after(row_commit: str | None, min_commit: str, repo: str | Pa
     return out.returncode == 0
 
 
+def rerun_seconds(paths: list[str | Path]) -> float:
+    """The device seconds the rows of ``paths`` took when measured (their ``elapsed_s``): what
+    measuring them again costs, start-up of a device call aside. Rows timed together in one
+    group (``group``: the versus runner's interleaved calls, which give each row of a group the
+    group's time) count once."""
+    seen, total = set(), 0.0
+    for path in paths:
+        row = json.loads(Path(path).read_text())
+        key = (row.get("experiment"), row["group"], row.get("elapsed_s")) if row.get("group") else str(path)
+        if key not in seen:
+            seen.add(key)
+            total += row.get("elapsed_s") or 0.0
+    return total
+
+
 def supersede(platform: str, min_commit: str, results_dir: str | Path | None = None,
               experiments: list[str] | None = None, dry_run: bool = False,
               point_filter: str | None = None) -> list[tuple[str, str]]:

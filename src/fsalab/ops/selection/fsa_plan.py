@@ -126,7 +126,7 @@ def pow2_chunks(chunks: list[Chunk]) -> list[Chunk]:
     for c in chunks:
         j0, left = c.j0, c.heads
         while left:
-            part = 1 << (left.bit_length() - 1)
+            part, _ = head_parts(left)
             out.append(Chunk(c.hk0, c.n_kv, j0, part))
             j0, left = j0 + part, left - part
     return out

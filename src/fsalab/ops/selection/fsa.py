@@ -170,7 +170,8 @@ def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_swit
 
 
 def _launch_merge(pb, chunk, mode, obuf, lbuf, out, lse_out):
-    """Merge the chunk's partials per (token, head) into out [total, h, d] and/or lse_out [total, h]."""
+    """Merge the chunk's partials per (token, head) into out [total, h, d] and/or lse_out [total, h]
+    (LSE_ONLY: lse_out, and out [total, h] fp32 gets the same log-sum-exp in log2 units)."""
     G = chunk.heads
     block_r = max(next_pow2(G), 64)
     tok = block_r // G
@@ -230,10 +231,15 @@ def _forward_paper(pb: _Problem, inner_loop: bool, early_return: bool):
     switches = _paper_switches(pb, early_return)
     tiles = plan.fwd_tiles(1, pb.D, pb.block_size, paper=True, inner_loop=inner_loop)
     v_bad_rows = _nonfinite_blocks(pb)
+    # The PAPER pass reads the statistics' log-sum-exp in log2 units, as the merge computed it:
+    # through the natural-log lse it would carry two more roundings of a value as large as the
+    # largest logit into every p, and through o's error into delta and the gradients
+    # (test_fsa_large_logits at FSALAB_SEED=1674444779: fp32 dq had erred 1.03x its bound).
+    lse2 = torch.empty_like(lse)
     for c in chunks:
         _launch_partial(pb, c, tiles, STATS, None, lbuf, paper_switches=switches)
-        _launch_merge(pb, c, LSE_ONLY, None, lbuf, None, lse)
-        _launch_partial(pb, c, tiles, PAPER, obuf, None, paper_switches=switches, lse=lse, v_bad_rows=v_bad_rows)
+        _launch_merge(pb, c, LSE_ONLY, None, lbuf, lse2, lse)
+        _launch_partial(pb, c, tiles, PAPER, obuf, None, paper_switches=switches, lse=lse2, v_bad_rows=v_bad_rows)
         _launch_merge(pb, c, SUM, obuf, None, o, None)
     return o, lse
 

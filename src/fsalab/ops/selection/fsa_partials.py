@@ -44,7 +44,7 @@ DQ = tl.constexpr(3)
 # _merge_kernel modes
 SUM = tl.constexpr(0)  # o = sum of partials (paper o, dq)
 LSE = tl.constexpr(1)  # o = sum 2^(lse_p - lse) o_p, and lse (ours)
-LSE_ONLY = tl.constexpr(2)  # lse only (paper statistics)
+LSE_ONLY = tl.constexpr(2)  # lse only (paper statistics; also in log2 units to out)
 
 
 @triton.jit
@@ -190,7 +190,9 @@ def _partial_tiles(
             token_ids, p_row, c0 + mt * TOK, ii, row_len, hq, dd, dmask, stride_qt, stride_qh, stride_lt, TOK
         )
         q_t = tl.load(q + qp, mask=qmask, other=0.0)
-        if MODE == PAPER or MODE == DQ:
+        if MODE == PAPER:  # the statistics merge's log2-sum-exp itself: no round trip through ln
+            lse2 = tl.load(lse + lp, mask=valid, other=0.0)
+        if MODE == DQ:
             lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E_C
         if MODE == DQ:
             do_t = tl.load(do + qp, mask=qmask, other=0.0)
@@ -283,6 +285,8 @@ def _merge_kernel(
         l = tl.sum(tl.exp2(x - m_use[:, None]), 1)
         lse2 = m_use + tl.log2(tl.where(l > 0, l, 1.0))  # finite: rows with no partials get weight 0
         tl.store(lse_out + t64 * stride_lt + hq, tl.where(l > 0, lse2 * LN2_C, float("-inf")), mask=valid)
+        if MODE == LSE_ONLY:  # and in log2 units to out ([total, h] fp32), which the PAPER pass reads
+            tl.store(out + t64 * stride_lt + hq, tl.where(l > 0, lse2, float("-inf")), mask=valid)
 
     if MODE != LSE_ONLY:
         acc = tl.zeros([BLOCK_R, D], tl.float32)

@@ -5,8 +5,7 @@
 Every case compares o (and lse where the op returns it) and, with ``backward``, dq, dk, dv with
 ``fsalab.testing.check_attention``: 2x PyTorch's own error in the dtype plus the dtype floor,
 buffers NaN-poisoned. fp16 cases share d = 96 and bf16 cases d = 128 (plus one d = 256), so few
-kernel variants are compiled; ``triton_atomic`` is the kernels with deterministic=False (dq by
-fp32 atomics). The default backward must also be bitwise deterministic.
+kernel variants are compiled. The backward must also be bitwise deterministic.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from fsalab.config import NSAConfig
-from fsalab.ops import flash, reference
+from fsalab.ops import reference
 from fsalab.ops.compression import compressed_attention
 from fsalab.ops.full import full_attention
 from fsalab.ops.window import flash_attn_varlen, window_attention
@@ -39,8 +38,6 @@ CASES = [
     ("compressed", "triton", VARLEN_8K, 5, 2, 96, FP16, True),
     ("compressed", "triton", [32768], 16, 1, 128, BF16, True),
     ("compressed", "triton", [20000, 12768], 5, 2, 96, FP16, False),
-    ("window", "triton_atomic", VARLEN_8K, 4, 2, 128, BF16, True),
-    ("compressed", "triton_atomic", [32768], 16, 1, 128, BF16, True),
     ("full", "triton", VARLEN_8K, 4, 2, 128, BF16, True),
     ("full", "triton", VARLEN_8K, 5, 2, 96, FP16, True),
     ("full", "triton", [32768], 4, 1, 128, BF16, False),
@@ -75,13 +72,6 @@ def _op_and_reference(mode, impl, cu, cu_cmp):
         ref = lambda q, k, v: reference.compressed_attention(q, k, v, cu, cu_cmp, CFG)  # noqa: E731
     else:
         ref = lambda q, k, v: reference.window_attention(q, k, v, cu, q.shape[0])  # noqa: E731
-    if impl == "triton_atomic":
-        if mode == "compressed":
-            return (lambda q, k, v: flash.flash_attention(q, k, v, cu, cu_cmp, mask="compressed",
-                                                          kernel_size=CFG.kernel_size, kernel_stride=CFG.kernel_stride,
-                                                          deterministic=False)), ref
-        window = flash.NO_WINDOW if mode == "full" else W
-        return (lambda q, k, v: flash.flash_attention(q, k, v, cu, window_size=window, deterministic=False)), ref
     if mode == "window":
         return (lambda q, k, v: window_attention(q, k, v, cu, W, backend=impl)), ref
     if mode == "compressed":
@@ -101,7 +91,7 @@ def test_matches_reference(case, seed, device):
 
 @pytest.mark.parametrize("mode, lengths, g, h_kv", [("window", VARLEN_8K, 4, 2), ("compressed", [32768], 16, 1)],
                          ids=["window-8Kvarlen-g4", "compressed-32K-g16"])
-def test_default_backward_is_bitwise_deterministic(mode, lengths, g, h_kv, seed, device):
+def test_backward_is_bitwise_deterministic(mode, lengths, g, h_kv, seed, device):
     """No atomics and fixed-order sums of the dk/dv chunk partials: two backward passes agree bit for bit."""
     tensors, cu, cu_cmp = _inputs(mode, lengths, g * h_kv, h_kv, 128, seed, device)
     op, _ = _op_and_reference(mode, "triton", cu, cu_cmp)

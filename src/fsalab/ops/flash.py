@@ -17,13 +17,14 @@ programs exit. Each program walks only the key (or query) tiles its mask can rea
 loops: the masked edge tiles on both sides, then the unmasked interior. Window attention costs
 O(N * w).
 
-Backward (deterministic by default: no atomics): a row-statistics kernel first (lse / scale
+Backward (bitwise deterministic: no atomics): a row-statistics kernel first (lse / scale
 and delta = rowsum(o * do) - dlse, head-major); dq by a query-outer kernel like the forward;
 dk/dv by a key-outer kernel that loops over the g query heads of its KV head times the query
 tiles that see its key tile, flattened into long loops. When there are too few key tiles to fill
 the GPU (compressed keys, short causal batches) the query axis is cut into chunks whose fp32
-partials are summed in a fixed order. ``deterministic=False`` drops the dq kernel: the dk/dv
-kernel adds dq into an fp32 buffer with atomics. Performance notes: docs/perf-log-flash.md.
+partials are summed in a fixed order. FA2's alternative, dq added with fp32 atomics inside the
+dk/dv kernel (5 products instead of 7), ran 1.24-1.59x slower on the H200 and is not offered.
+Performance notes: docs/perf-log-flash.md.
 
 Shapes: q [total_q, h, d], k/v [total_k, h_kv, d] (unit stride on d), cu_seqlens_q/k int32
 [batch + 1]; h = g * h_kv with any g in 1..16, any d <= 256 (padded to a power of two and
@@ -84,12 +85,11 @@ def _prune(configs, named_args, **kwargs):
     return [c for c in configs if any(c is x for x in _D256_ONLY) == big]
 
 
-def _autotune(configs, reset_to_zero=None):
+def _autotune(configs):
     """``_triton.autotune`` keyed on padded d, key stride and window (sliding, causal and compressed
-    masks tune apart) and a size class (see _size_class), d = 256 pruned to its own configs.
-    reset_to_zero: buffers the kernel accumulates into, zeroed before every timed run."""
-    key = ["D_PAD", "key_stride", "window", "size_class", "FUSE_DQ"]
-    return autotune(configs + _D256_ONLY, key=key, prune=_prune, reset_to_zero=reset_to_zero)
+    masks tune apart) and a size class (see _size_class), d = 256 pruned to its own configs."""
+    key = ["D_PAD", "key_stride", "window", "size_class"]
+    return autotune(configs + _D256_ONLY, key=key, prune=_prune)
 
 
 # Runtime ints that vary between calls: not specialized (== 1, % 16), so a new batch size, group
@@ -355,11 +355,10 @@ def _dq_kernel(Q, K, V, DO, LSE_S, DELTA, DQ, CU_Q, CU_K,
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k, v, Q, DO, DQ, LSE_S, DELTA, q_row, stat, m0, hi, stride_qt, stride_dot, stride_dqt,
-               offs_q, offs_do, offs_dq, pos_lo, count, scale_log2, d_ok,
-               BLOCK_M: tl.constexpr, MASKED: tl.constexpr, FUSE_DQ: tl.constexpr, PRECISION: tl.constexpr):
-    """dk += dS^T Q, dv += P^T dO over query rows [m0, m0 + BLOCK_M) of one head (rows >= hi masked);
-    with FUSE_DQ also dq += dS K (unscaled) by fp32 atomic adds.
+def _dkdv_step(dk, dv, k, v, Q, DO, LSE_S, DELTA, q_row, stat, m0, hi, stride_qt, stride_dot,
+               offs_q, offs_do, pos_lo, count, scale_log2, d_ok,
+               BLOCK_M: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """dk += dS^T Q, dv += P^T dO over query rows [m0, m0 + BLOCK_M) of one head (rows >= hi masked).
 
     Transposed [keys, queries] tiles: P^T and dS^T feed the next products from registers. Key j
     is seen by query rows [pos_lo[j], pos_lo[j] + count[j]) (unsigned counts, already clipped to hi).
@@ -372,7 +371,6 @@ def _dkdv_step(dk, dv, k, v, Q, DO, DQ, LSE_S, DELTA, q_row, stat, m0, hi, strid
         lse_s = tl.load(LSE_S + stat + offs_m, mask=m0 + offs_m < hi, other=0.0)
         delta = tl.load(DELTA + stat + offs_m, mask=m0 + offs_m < hi, other=0.0)
     else:
-        tile_ok = (offs_m >= 0)[:, None] & d_ok[None, :]
         q = tl.load(Q + q_row * stride_qt + offs_q, mask=d_ok[None, :], other=0.0)
         do = tl.load(DO + q_row * stride_dot + offs_do, mask=d_ok[None, :], other=0.0)
         lse_s = tl.load(LSE_S + stat + offs_m)
@@ -385,22 +383,18 @@ def _dkdv_step(dk, dv, k, v, Q, DO, DQ, LSE_S, DELTA, q_row, stat, m0, hi, strid
     dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
     ds_t = p_t * (dp_t - delta[None, :])
     dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
-    if FUSE_DQ:
-        dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=PRECISION)
-        tl.atomic_add(DQ + q_row * stride_dqt + offs_dq, dq, mask=tile_ok, sem="relaxed")
     return dk, dv
 
 
-@_autotune(_DKDV_CONFIGS, reset_to_zero=["DQ"])
+@_autotune(_DKDV_CONFIGS)
 @triton.jit(do_not_specialize=_DYNAMIC + ["total", "q_chunk"])
-def _dkdv_kernel(Q, K, V, DO, LSE_S, DELTA, DK, DV, DQ, CU_Q, CU_K,
+def _dkdv_kernel(Q, K, V, DO, LSE_S, DELTA, DK, DV, CU_Q, CU_K,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                 stride_dks, stride_dkt, stride_dkh, stride_dvs, stride_dvt, stride_dvh, stride_dqt, stride_dqh, total,
+                 stride_dks, stride_dkt, stride_dkh, stride_dvs, stride_dvt, stride_dvh, total,
                  batch, n_search, group, q_chunk, scale, scale_log2, key_stride, key_offset, window, size_class,
-                 D: tl.constexpr, D_PAD: tl.constexpr, FUSE_DQ: tl.constexpr, PRECISION: tl.constexpr,
+                 D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program per (key tile, KV head, query chunk): sums over the group's query heads
-    (FUSE_DQ: also adds every tile's dq share into the fp32 buffer DQ).
+    """One program per (key tile, KV head, query chunk): sums over the group's query heads.
 
     Natural order: the first key tiles of a causal or compressed mask see the most queries and
     start first. The g heads x query tiles run as two flat loops (masked edge tiles of every head,
@@ -440,24 +434,23 @@ def _dkdv_kernel(Q, K, V, DO, LSE_S, DELTA, DK, DV, DQ, CU_Q, CU_K,
     dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     offs_q = offs_m[:, None] * stride_qt + dcol[None, :]
     offs_do = offs_m[:, None] * stride_dot + dcol[None, :]
-    offs_dq = offs_m[:, None] * stride_dqt + dcol[None, :]
     head0 = kv_head * group
     for it in range(group * n_edge):
         i = it // tl.maximum(n_edge, 1)
         m0 = _edge_start(it - i * n_edge, lo, n_first, mid_hi, BLOCK_M)
         head = head0 + i
-        dk, dv = _dkdv_step(dk, dv, k, v, Q + head * stride_qh, DO + head * stride_doh, DQ + head * stride_dqh,
+        dk, dv = _dkdv_step(dk, dv, k, v, Q + head * stride_qh, DO + head * stride_doh,
                             LSE_S, DELTA, (q_start + m0).to(tl.int64), head.to(tl.int64) * total + q_start + m0, m0,
-                            hi, stride_qt, stride_dot, stride_dqt, offs_q, offs_do, offs_dq, pos_lo, count,
-                            scale_log2, d_ok, BLOCK_M, True, FUSE_DQ, PRECISION)
+                            hi, stride_qt, stride_dot, offs_q, offs_do, pos_lo, count,
+                            scale_log2, d_ok, BLOCK_M, True, PRECISION)
     for it in range(group * n_mid):
         i = it // tl.maximum(n_mid, 1)
         m0 = mid_lo + (it - i * n_mid) * BLOCK_M
         head = head0 + i
-        dk, dv = _dkdv_step(dk, dv, k, v, Q + head * stride_qh, DO + head * stride_doh, DQ + head * stride_dqh,
+        dk, dv = _dkdv_step(dk, dv, k, v, Q + head * stride_qh, DO + head * stride_doh,
                             LSE_S, DELTA, (q_start + m0).to(tl.int64), head.to(tl.int64) * total + q_start + m0, m0,
-                            hi, stride_qt, stride_dot, stride_dqt, offs_q, offs_do, offs_dq, pos_lo, count,
-                            scale_log2, d_ok, BLOCK_M, False, FUSE_DQ, PRECISION)
+                            hi, stride_qt, stride_dot, offs_q, offs_do, pos_lo, count,
+                            scale_log2, d_ok, BLOCK_M, False, PRECISION)
     s64 = split.to(tl.int64)
     dk_ptrs = DK + s64 * stride_dks + k_row0 * stride_dkt + kv_head * stride_dkh + offs_n[:, None] * stride_dkt + dcol[None, :]
     dv_ptrs = DV + s64 * stride_dvs + k_row0 * stride_dvt + kv_head * stride_dvh + offs_n[:, None] * stride_dvt + dcol[None, :]
@@ -522,9 +515,8 @@ def _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale):
     return o, lse
 
 
-def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding, deterministic):
-    """dq, dk, dv. key_padding: k/v may hold rows outside every sequence (their gradient is 0).
-    deterministic=False: dq by fp32 atomics in the dk/dv kernel instead of its own kernel."""
+def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding):
+    """dq, dk, dv. key_padding: k/v may hold rows outside every sequence (their gradient is 0)."""
     total, h, d = q.shape
     total_k, h_kv, _ = k.shape
     batch = cu_q.numel() - 1
@@ -543,48 +535,42 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
         HAS_DLSE=dlse is not None, D=d, D_PAD=meta["D_PAD"], BLOCK_T=64,
     )
     common = (batch, search_steps(batch), group)
-    if deterministic:
-        grid_q = lambda m: (batch + total // m["BLOCK_M"], h)
-        _dq_kernel[grid_q](
-            q, k, v, do, lse_s, delta, dq, cu_q, cu_k,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-            dq.stride(0), dq.stride(1), total, *common, scale, scale * LOG2E, key_stride, key_offset, window,
-            _size_class(total, h), **meta, **_meta(32, 16),
-        )
-        dq_acc = torch.empty((1, 1, 1), dtype=torch.float32, device=q.device)  # unused (zeroed while autotuning)
-    else:
-        dq_acc = torch.zeros((total, h, d), dtype=torch.float32, device=q.device)
+    grid_q = lambda m: (batch + total // m["BLOCK_M"], h)
+    _dq_kernel[grid_q](
+        q, k, v, do, lse_s, delta, dq, cu_q, cu_k,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+        dq.stride(0), dq.stride(1), total, *common, scale, scale * LOG2E, key_stride, key_offset, window,
+        _size_class(total, h), **meta, **_meta(32, 16),
+    )
     chunks = _num_query_chunks(total, total_k, batch, h_kv, group, window, q.device)
     # fp32 partials per query chunk, summed in a fixed order below (deterministic).
     dk_out = dk[None] if chunks == 1 else alloc((chunks, total_k, h_kv, d), dtype=torch.float32, device=q.device)
     dv_out = dv[None] if chunks == 1 else alloc((chunks, total_k, h_kv, d), dtype=torch.float32, device=q.device)
     grid_k = lambda m: (batch + total_k // m["BLOCK_N"], h_kv, chunks)
     _dkdv_kernel[grid_k](
-        q, k, v, do, lse_s, delta, dk_out, dv_out, dq_acc, cu_q, cu_k,
+        q, k, v, do, lse_s, delta, dk_out, dv_out, cu_q, cu_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-        *dk_out.stride()[:3], *dv_out.stride()[:3], dq_acc.stride(0), dq_acc.stride(1), total,
+        *dk_out.stride()[:3], *dv_out.stride()[:3], total,
         *common, triton.cdiv(total, chunks), scale, scale * LOG2E, key_stride, key_offset, window,
-        _size_class(total, h), FUSE_DQ=not deterministic, **meta, **_meta(16, 32),
+        _size_class(total, h), **meta, **_meta(16, 32),
     )
     if chunks > 1:
         dk.copy_(dk_out.sum(0))
         dv.copy_(dv_out.sum(0))
-    if not deterministic:
-        dq.copy_(dq_acc.mul_(scale))
     return dq, dk, dv
 
 
 class FlashAttention(torch.autograd.Function):
-    """(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding, deterministic) -> (o, lse).
+    """(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding) -> (o, lse).
 
     See the module doc; key_padding: k/v rows past cu_k[-1] exist (compressed buffers).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding, deterministic):
+    def forward(ctx, q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding):
         o, lse = _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale)
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-        ctx.params = (key_stride, key_offset, window, scale, key_padding, deterministic)
+        ctx.params = (key_stride, key_offset, window, scale, key_padding)
         return o, lse
 
     @staticmethod
@@ -593,7 +579,7 @@ class FlashAttention(torch.autograd.Function):
         do = do.contiguous() if do.stride(-1) != 1 else do
         dlse = dlse.contiguous() if dlse is not None else None
         dq, dk, dv = _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, *ctx.params)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def flash_attention(
@@ -608,7 +594,6 @@ def flash_attention(
     kernel_size: int | None = None,
     kernel_stride: int | None = None,
     scale: float | None = None,
-    deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen GQA attention with a window or compressed-key mask (module doc), differentiable.
 
@@ -617,10 +602,6 @@ def flash_attention(
     mask="compressed": k/v [rows, h_kv, d] hold each sequence's compressed tokens at offsets
     cu_seqlens_k (rows past cu_seqlens_k[-1] are never read; their gradient is 0); query t sees
     compressed j iff t >= j * kernel_stride + kernel_size - 1.
-    deterministic=False: the backward adds dq into an fp32 buffer with atomics inside the dk/dv
-    kernel (no separate dq kernel, which recomputes two of the five products); dq then varies
-    between runs by the fp32 rounding of the adds (~1e-6 relative), dk and dv stay bitwise
-    reproducible.
     Returns o [total_q, h, d] (q.dtype) and lse [total_q, h] fp32, natural log (-inf: no key seen).
     """
     if mask not in MASKS:
@@ -656,5 +637,4 @@ def flash_attention(
     q, k, v = (unit_last_stride(x) for x in (q, k, v))
     return FlashAttention.apply(
         q, k, v, cu_seqlens_q, cu_seqlens_k, key_stride, key_offset, window, float(scale), mask == "compressed",
-        bool(deterministic),
     )

@@ -29,6 +29,7 @@ from ..varlen import compressed_capacity
 from ._triton import LOG2E as _LOG2E
 from ._triton import LOG2E_C
 from ._triton import autotune as _autotune
+from ._triton import cdiv as _cdiv
 from ._triton import dot_precision as _dot_precision
 from ._triton import interpreter_meta as _meta
 from ._triton import next_pow2 as _next_pow2
@@ -140,7 +141,7 @@ def _chunk_blocks(t_pad: int, r: int) -> int:
     (BB * r >= 16, the MMA's smallest N); r = block_size / kernel_stride. Both powers of two.
     The smallest such width is the fastest: 2x and 4x took 1.17-3.35x the time at 64K on the
     H200 (results/h200/checks/ab-select-bb/)."""
-    return max(t_pad, triton.cdiv(16, r))
+    return max(t_pad, _cdiv(16, r))
 
 
 def _head_parts(g: int) -> tuple[int, int]:

@@ -33,6 +33,7 @@ from ..checks import (
 from ..config import NSAConfig
 from ..varlen import compressed_capacity
 from ._triton import autotune as _autotune
+from ._triton import cdiv as _cdiv
 from ._triton import dot_precision as _dot_precision
 from ._triton import interpreter_meta as _meta
 from ._triton import next_pow2 as _next_pow2
@@ -283,7 +284,7 @@ class _CompressKV(torch.autograd.Function):
         tab = torch.empty((3, rows), dtype=torch.int32, device=k.device)
         if rows:
             batch = cu_seqlens.numel() - 1
-            grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]), h_kv, 2 * triton.cdiv(d, meta["BLOCK_N"]))
+            grid = lambda meta: (_cdiv(rows, meta["BLOCK_R"]), h_kv, 2 * _cdiv(d, meta["BLOCK_N"]))
             _compress_fwd_kernel[grid](
                 k, v, w_k, w_v, pe, k_cmp, v_cmp, cu_seqlens, cu_cmp, tab, *_strides(k, v), w_k.stride(0), w_k.stride(1),
                 pe.stride(0), k_cmp.stride(0), k_cmp.stride(1), rows, batch, _search_steps(batch),
@@ -310,14 +311,14 @@ class _CompressKV(torch.autograd.Function):
         dw_v = new_dw(w_v) if need_w else None
         tiles = _tiles(d, cfg, k.dtype, rows)
         if need_x and rows:
-            grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_R"]), 2 * h_kv, triton.cdiv(cfg.kernel_stride * d, meta["BLOCK_Y"]))
+            grid = lambda meta: (_cdiv(rows, meta["BLOCK_R"]), 2 * h_kv, _cdiv(cfg.kernel_stride * d, meta["BLOCK_Y"]))
             _compress_dx_kernel[grid](
                 dk_cmp, dv_cmp, w_k, w_v, dk, dv, tab, dk_cmp.stride(0), dk_cmp.stride(1), w_k.stride(0), w_k.stride(1),
                 dk.stride(0), dk.stride(1), rows, **tiles, **_meta(BLOCK_R=64, BLOCK_Y=1024, BLOCK_K=_next_pow2(max(d, 16))),
             )
         if need_w and rows:
             lx = cfg.kernel_size * d
-            grid = lambda meta: (triton.cdiv(lx, meta["BLOCK_X"]), triton.cdiv(d, meta["BLOCK_N"]), 2 * h_kv)
+            grid = lambda meta: (_cdiv(lx, meta["BLOCK_X"]), _cdiv(d, meta["BLOCK_N"]), 2 * h_kv)
             _compress_dw_kernel[grid](
                 k, v, pe, dk_cmp, dv_cmp, dw_k, dw_v, tab, *_strides(k, v), pe.stride(0), dk_cmp.stride(0),
                 dk_cmp.stride(1), dw_k.stride(0), dw_k.stride(1), rows, **tiles,
@@ -329,7 +330,7 @@ class _CompressKV(torch.autograd.Function):
         elif ctx.needs_input_grad[4]:
             dpe = torch.empty_like(pe, memory_format=torch.contiguous_format)
             lx, block_x = cfg.kernel_size * d, 64
-            _compress_dpe_kernel[(h_kv, triton.cdiv(lx, block_x))](
+            _compress_dpe_kernel[(h_kv, _cdiv(lx, block_x))](
                 dk_cmp, w_k, dpe, tab, rows, dk_cmp.stride(0), dk_cmp.stride(1), w_k.stride(0), w_k.stride(1),
                 dpe.stride(0), HEAD_DIM=d, LX=lx, D_PAD=_next_pow2(max(d, 16)), BLOCK_R=64, BLOCK_X=block_x,
             )

@@ -66,7 +66,7 @@ import triton.language as tl
 from ..checks import KERNEL_DTYPES, MAX_GROUP, check_kernel_call, check_tensor
 from .block_select import _KEY_NONE, _block_key, _empty_run, _key_bits, _merge_topk, _store_ascending
 from .decode_cache import NSADecodeCache
-from ._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, dot_precision, next_pow2, unit_last_stride
+from ._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, cdiv, dot_precision, next_pow2, unit_last_stride
 
 DECODE_IMPLS = ("reference", "triton", "auto")
 
@@ -95,7 +95,7 @@ def _score_tile(cfg) -> tuple[int, int]:
     power of two >= T_P whose BB·R compressed tokens fill an MMA of >= 16 columns)."""
     t_pad = max(2, next_pow2(cfg.topk))
     r = cfg.block_size // cfg.kernel_stride
-    return t_pad, max(t_pad, next_pow2(triton.cdiv(16, r)), 4)
+    return t_pad, max(t_pad, next_pow2(cdiv(16, r)), 4)
 
 
 def decode_splits(batch: int, h_kv: int, capacity: int, cfg, device: torch.device) -> tuple[int, int, int]:
@@ -107,10 +107,10 @@ def decode_splits(batch: int, h_kv: int, capacity: int, cfg, device: torch.devic
     _, bb = _score_tile(cfg)
     if INTERPRET or device.type != "cuda":
         return min(3, rows), min(2, cfg.num_blocks(capacity)), min(2, cfg.window_size)
-    per_head = triton.cdiv(2 * _sm_count(device.index or 0), batch * h_kv)
-    s_c = max(1, min(per_head, triton.cdiv(rows, _MIN_SPLIT_TOKENS), 64))
-    s_s = max(1, min(per_head, triton.cdiv(cfg.num_blocks(capacity), bb - 1), 64))
-    s_w = max(1, min(triton.cdiv(min(cfg.window_size, capacity), _MIN_SPLIT_TOKENS), 8))
+    per_head = cdiv(2 * _sm_count(device.index or 0), batch * h_kv)
+    s_c = max(1, min(per_head, cdiv(rows, _MIN_SPLIT_TOKENS), 64))
+    s_s = max(1, min(per_head, cdiv(cfg.num_blocks(capacity), bb - 1), 64))
+    s_w = max(1, min(cdiv(min(cfg.window_size, capacity), _MIN_SPLIT_TOKENS), 8))
     return s_c, s_s, s_w
 
 
@@ -523,7 +523,7 @@ def append_token(
     block_n = min(64, next_pow2(max(half, 16)))
     block_k = 64 if INTERPRET else 128
     k_cmp = cache.k_cmp
-    _compress_step_kernel[(batch, 2 * h_kv, triton.cdiv(half, block_n))](
+    _compress_step_kernel[(batch, 2 * h_kv, cdiv(half, block_n))](
         kr, vc, cache.lengths, w_k, w_v, pe, inv_freq, float(attention_scaling), k_cmp, cache.v_cmp,
         kr.stride(0), kr.stride(1), kr.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
         w_k.stride(0), w_k.stride(1), pe.stride(0), k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2),

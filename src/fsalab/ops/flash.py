@@ -47,6 +47,7 @@ from ._triton import (
     LN2_C,
     LOG2E,
     autotune,
+    cdiv,
     dot_precision,
     interpreter_meta,
     next_pow2,
@@ -529,7 +530,7 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
     if total == 0 or total_k == 0:
         return dq.zero_(), dk, dv
     lse_s, delta = _empty((2, h, total), torch.float32, q.device)  # head-major row statistics
-    _stats_kernel[(triton.cdiv(total, 64), h)](
+    _stats_kernel[(cdiv(total, 64), h)](
         o, do, lse, dlse if dlse is not None else lse, lse_s, delta, total,
         o.stride(0), o.stride(1), do.stride(0), do.stride(1), h, 1.0 / scale,
         HAS_DLSE=dlse is not None, D=d, D_PAD=meta["D_PAD"], BLOCK_T=64,
@@ -551,7 +552,7 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
         q, k, v, do, lse_s, delta, dk_out, dv_out, cu_q, cu_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
         *dk_out.stride()[:3], *dv_out.stride()[:3], total,
-        *common, triton.cdiv(total, chunks), scale, scale * LOG2E, key_stride, key_offset, window,
+        *common, cdiv(total, chunks), scale, scale * LOG2E, key_stride, key_offset, window,
         _size_class(total, h), **meta, **_meta(16, 32),
     )
     if chunks > 1:

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..checks import check_tensor
-from ._triton import next_pow2
+from ._triton import cdiv, next_pow2
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # Rows of [total * h, d] per program: ~4K elements per tensor, whatever d is.
@@ -82,7 +82,7 @@ def _empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 def _launch(kernel, n_rows: int, d: int, *args) -> None:
     d_pad = max(16, next_pow2(d))
     block_r = max(1, _ELEMENTS_PER_PROGRAM // d_pad)
-    kernel[(triton.cdiv(n_rows, block_r),)](*args, n_rows, D=d, D_PAD=d_pad, BLOCK_R=block_r, num_warps=4)
+    kernel[(cdiv(n_rows, block_r),)](*args, n_rows, D=d, D_PAD=d_pad, BLOCK_R=block_r, num_warps=4)
 
 
 class _GatedSum(torch.autograd.Function):

@@ -39,10 +39,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from ...checks import check_kernel_call
-from .._triton import LOG2E, next_pow2
+from .._triton import LOG2E, cdiv, next_pow2
 from . import fsa_plan as plan
 from .fsa_bwd import _delta_kernel, _dkdv_kernel, _dkdv_merge_kernel
 from .fsa_partials import (
@@ -148,7 +147,7 @@ def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_swit
         first, item_row, item_sub, max_rest = work.first, work.item_row, work.item_sub, ix.row_ptr
     else:
         early, max_rest = paper_switches
-        n_sub = triton.cdiv(pb.total, tiles.tok * tiles.num_mt)
+        n_sub = cdiv(pb.total, tiles.tok * tiles.num_mt)
         hp = chunk.heads // G
         grid = (r_end - r_begin) * hp * n_sub
         first = item_row = item_sub = ix.row_ptr
@@ -163,7 +162,7 @@ def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_swit
             *_strides(pb),
             r_begin, r_end, pb.cap, pb.g, chunk.j0, chunk.heads, n_sub, pb.d, pb.scale * LOG2E, pb.scale,
             HP=hp, G=G, TOK=tiles.tok, BLOCK_M=tiles.block_m, NUM_MT=tiles.num_mt,
-            BLOCK_N=tiles.block_n, NUM_KT=triton.cdiv(pb.block_size, tiles.block_n), D=pb.D,
+            BLOCK_N=tiles.block_n, NUM_KT=cdiv(pb.block_size, tiles.block_n), D=pb.D,
             MODE=mode, TABLE=work is not None, EARLY_RETURN=early, PREC=pb.prec, CONTAIN=contain,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )
@@ -176,7 +175,7 @@ def _launch_merge(pb, chunk, mode, obuf, lbuf, out, lse_out):
     block_r = max(next_pow2(G), 64)
     tok = block_r // G
     dummy = pb.q
-    _merge_kernel[(triton.cdiv(pb.total, tok), chunk.n_kv)](
+    _merge_kernel[(cdiv(pb.total, tok), chunk.n_kv)](
         dummy if obuf is None else obuf, dummy if lbuf is None else lbuf, pb.index.slot_pos, pb.index.row_ptr,
         dummy if out is None else out, dummy if lse_out is None else lse_out,
         pb.total, pb.h_kv, pb.topk, chunk.hk0, chunk.hk0 * pb.cap, pb.g, chunk.j0, pb.d,
@@ -248,7 +247,7 @@ def _delta(o, do, dlse):
     """delta [total, h] fp32 = rowsum(o * dO) - dlse."""
     total, h, d = o.shape
     delta = torch.empty(total, h, dtype=torch.float32, device=o.device)
-    _delta_kernel[(triton.cdiv(total * h, 64),)](
+    _delta_kernel[(cdiv(total * h, 64),)](
         o, do, delta if dlse is None else dlse, delta, total * h, d,
         HAS_DLSE=dlse is not None, BLOCK=64, D=max(16, next_pow2(d)), num_warps=4,
     )
@@ -260,7 +259,7 @@ def _launch_dkdv(pb, chunk, tiles, do, lse, delta, dk, dv, work, dkp, dvp, dqbuf
     then the merge of split rows. With dqbuf, also the chunk's dq partials (fused)."""
     ix = pb.index
     r_begin, r_end = chunk.hk0 * pb.cap, (chunk.hk0 + chunk.n_kv) * pb.cap
-    num_kt = triton.cdiv(pb.block_size, tiles.block_n)
+    num_kt = cdiv(pb.block_size, tiles.block_n)
     kt_programs = 1 if dqbuf is not None else num_kt  # dK/dV alone: one program per key sub-tile
     g_hi, g_lo = plan.head_parts(pb.g)
     _dkdv_kernel[(work.grid(pb.entries(chunk.n_kv), r_end - r_begin), kt_programs)](

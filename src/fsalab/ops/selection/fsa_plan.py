@@ -19,9 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
-from .._triton import interpreting, next_pow2
+from .._triton import cdiv, interpreting, next_pow2
 from . import worklist
 from .index import SelectionIndex
 
@@ -55,7 +54,7 @@ class WorkList:
 
     def grid(self, entries: int, rows: int) -> int:
         """Programs that cover every item of ``rows`` rows holding at most ``entries`` entries."""
-        return triton.cdiv(entries, self.per_item) + rows
+        return cdiv(entries, self.per_item) + rows
 
 
 def work_list(
@@ -70,7 +69,7 @@ def work_list(
     """
     rule = worklist.ITEMS_MIN_ONE if min_one else worklist.ITEMS
     first, slots, _ = worklist.scan_rows(row_ptr, per_item, rule, worklist.SPLIT if split_slots else 0)
-    bound = triton.cdiv(total_entries, per_item) + row_ptr.numel() - 1
+    bound = cdiv(total_entries, per_item) + row_ptr.numel() - 1
     item_row, item_sub = worklist.row_items(first, bound)
     return WorkList(first, item_row, item_sub, slots, per_item)
 
@@ -105,8 +104,8 @@ def head_chunks(h_kv: int, g: int, per_head_bytes: int, allow_partial_groups: bo
     if fit >= g or not allow_partial_groups:
         per = max(1, min(h_kv, fit // g))
         return [Chunk(hk, min(per, h_kv - hk), 0, g) for hk in range(0, h_kv, per)]
-    parts = triton.cdiv(g, fit)
-    size = triton.cdiv(g, parts)
+    parts = cdiv(g, fit)
+    size = cdiv(g, parts)
     return [Chunk(hk, 1, j0, min(size, g - j0)) for hk in range(h_kv) for j0 in range(0, g, size)]
 
 
@@ -203,5 +202,5 @@ def split_tiles(tok: int, entries: int, block_size: int, d: int) -> int:
     split so no program runs much longer than the rest, with fp32 partial dK/dV of the split
     rows within SPLIT_BUDGET_BYTES."""
     slot_bytes = block_size * d * 8
-    min_tokens = triton.cdiv(2 * entries * slot_bytes, SPLIT_BUDGET_BYTES)
-    return max(MIN_SPLIT_TILES, triton.cdiv(min_tokens, tok))
+    min_tokens = cdiv(2 * entries * slot_bytes, SPLIT_BUDGET_BYTES)
+    return max(MIN_SPLIT_TILES, cdiv(min_tokens, tok))

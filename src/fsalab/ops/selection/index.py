@@ -17,9 +17,8 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
-from .._triton import next_pow2, search_steps
+from .._triton import cdiv, next_pow2, search_steps
 from .index_kernels import _csr_kernel, _entry_keys_kernel, _token_start_kernel
 
 # Elements per program of the planning kernels (the interpreter pays per program, the GPU
@@ -96,7 +95,7 @@ def build_selection_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, blo
     per_token = h_kv * topk
     ht_pad = next_pow2(per_token)
     tok = max(1, _BLOCK // ht_pad)
-    _entry_keys_kernel[(max(1, triton.cdiv(total, tok)),)](
+    _entry_keys_kernel[(max(1, cdiv(total, tok)),)](
         block_idx, cu, keys, offsets, total, batch, batch_steps, topk, block_size, pad_key,
         HT=per_token, HT_PAD=ht_pad, TOK=tok, BLOCK_B=_BLOCK, num_warps=4,
     )
@@ -105,7 +104,7 @@ def build_selection_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, blo
 
     row_ptr, token_ids, entry_slot, slot_pos = empty(num_rows + 1), empty(n), empty(n), empty(n)
     start, length, local = empty(capacity), empty(capacity), empty(capacity)
-    grid = max(triton.cdiv(n, _BLOCK), triton.cdiv(num_rows + 1, _BLOCK_ROWS))
+    grid = max(cdiv(n, _BLOCK), cdiv(num_rows + 1, _BLOCK_ROWS))
     _csr_kernel[(grid,)](
         sorted_key, order, token_ids, entry_slot, slot_pos, row_ptr, start, length, local, offsets, cu,
         n, search_steps(n), per_token, topk, total, capacity, num_rows, batch, batch_steps, block_size, pad_key,
@@ -122,5 +121,5 @@ def token_starts(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     batch = cu.numel() - 1
     out = torch.empty(total, dtype=torch.int32, device=cu.device)
     if total > 0:
-        _token_start_kernel[(triton.cdiv(total, _BLOCK),)](cu, out, total, batch, search_steps(batch), BLOCK=_BLOCK)
+        _token_start_kernel[(cdiv(total, _BLOCK),)](cu, out, total, batch, search_steps(batch), BLOCK=_BLOCK)
     return out

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import search_steps
+from .._triton import cdiv, search_steps
 from ._search import count_below
 
 # Per-row counts of scan_rows, for a row of len entries and items of per_item entries:
@@ -122,7 +122,7 @@ def row_items(first: torch.Tensor, n_items: int, with_sub: bool = True) -> tuple
     item_row = torch.empty(n_items, dtype=torch.int32, device=first.device)
     item_sub = torch.empty(n_items, dtype=torch.int32, device=first.device) if with_sub else None
     if n_items > 0:
-        _items_kernel[(triton.cdiv(n_items, _ITEM_BLOCK),)](
+        _items_kernel[(cdiv(n_items, _ITEM_BLOCK),)](
             first, rows, n_items, search_steps(rows), item_row, item_row if item_sub is None else item_sub,
             WITH_SUB=with_sub, BLOCK=_ITEM_BLOCK, num_warps=4,
         )

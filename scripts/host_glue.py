@@ -1,0 +1,118 @@
+"""Host (Python) time of an NSA layer's call with every Triton launch stubbed out, on CPU.
+
+What is left is the call's Python and its torch ops (projections included): the glue that an
+eager GPU call pays on top of its kernel launches. Two paths of a tiny NativeSparseAttention
+(hidden 256, 8 heads, 2 KV heads, d = 32), value checks off as in the benchmarks:
+
+- ``decode``: one decode step (``NativeSparseAttention.decode``, fp32) on a cache filled by a
+  300-token prefill;
+- ``forward``: the layer's packed forward over one 64-token sequence (fp32, no_grad) with every
+  branch on its Triton op (compression, window and gate "triton", selection ``--impl``).
+
+Shapes are tiny so that the torch ops' own arithmetic on the CPU stays small against their
+dispatch.
+
+Every Triton function of ``fsalab.ops`` is replaced by a launcher that does nothing (grid
+lambdas are still evaluated), so nothing of the kernels runs and nothing reads their outputs.
+Prints the median and minimum microseconds per call over rounds of 100 calls (a shared 2-core
+machine is noisy) and the top of a cProfile.
+
+    PYTHONPATH=src python scripts/host_glue.py decode [--calls 2000]
+    PYTHONPATH=src python scripts/host_glue.py forward [--impl fsa] [--calls 2000]
+"""
+import argparse
+import cProfile
+import importlib
+import os
+import pkgutil
+import pstats
+import statistics
+import sys
+import time
+
+os.environ["TRITON_INTERPRET"] = "1"
+import torch  # noqa: E402
+
+import fsalab.ops  # noqa: E402
+from fsalab.checks import value_checks_off  # noqa: E402
+from fsalab.config import NSAConfig  # noqa: E402
+from fsalab.modules.nsa import NativeSparseAttention  # noqa: E402
+
+# Any launch's meta-parameters, for grid lambdas (their values do not matter: nothing runs).
+GRID_META = {name: 64 for name in ("BLOCK", "BLOCK_M", "BLOCK_N", "BLOCK_R", "BLOCK_T", "BLOCK_X", "BLOCK_Y")}
+
+
+class NoLaunch:
+    def __getitem__(self, grid):
+        if callable(grid):
+            grid(GRID_META)
+        return lambda *args, **kwargs: None
+
+
+def stub_launches() -> int:
+    """Replace every Triton function of fsalab.ops's modules by NoLaunch; returns how many."""
+    count = 0
+    for info in pkgutil.walk_packages(fsalab.ops.__path__, "fsalab.ops."):
+        module = importlib.import_module(info.name)
+        for name, obj in list(vars(module).items()):
+            if type(obj).__name__ in ("JITFunction", "InterpretedFunction", "Autotuner"):
+                setattr(module, name, NoLaunch())
+                count += 1
+    return count
+
+
+def decode_call():
+    cfg = NSAConfig(kernel_size=32, kernel_stride=16, block_size=64, topk=4, window_size=64)
+    m = NativeSparseAttention(256, 8, 2, 32, cfg, dtype=torch.float32, decode_impl="triton", selection_impl="reference",
+                              compression_impl="reference", window_impl="reference", gate_impl="reference")
+    cache = m.new_cache(1, 400)
+    m._forward_packed(torch.randn(300, 256), torch.tensor([0, 300], dtype=torch.int32), cache)  # before the stubs
+    h = torch.randn(1, 256)
+    return lambda: m.decode(h, cache)
+
+
+def forward_call(impl: str):
+    cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=4, window_size=32)
+    m = NativeSparseAttention(256, 8, 2, 32, cfg, dtype=torch.float32, selection_impl=impl,
+                              compression_impl="triton", window_impl="triton", gate_impl="triton")
+    x = torch.randn(64, 256)
+    cu = torch.tensor([0, 64], dtype=torch.int32)
+
+    def call():
+        with torch.no_grad():
+            m(x, cu)
+
+    return call
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path", choices=("decode", "forward"))
+    parser.add_argument("--impl", default="fsa", help="selection impl of the forward path")
+    parser.add_argument("--calls", type=int, default=2000, help="timed calls, in rounds of 100 (a quarter as many profiled)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    call = decode_call() if args.path == "decode" else forward_call(args.impl)
+    stubbed = stub_launches()
+    with value_checks_off():
+        for _ in range(20):
+            call()
+        rounds = []
+        for _ in range(max(1, args.calls // 100)):
+            t0 = time.perf_counter()
+            for _ in range(100):
+                call()
+            rounds.append((time.perf_counter() - t0) * 1e4)
+        print(f"{args.path} host time with {stubbed} Triton functions stubbed: {statistics.median(rounds):.0f} us/call "
+              f"median, {min(rounds):.0f} min over {len(rounds)} rounds of 100 (python {sys.version.split()[0]}, "
+              f"torch {torch.__version__})")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(max(1, args.calls // 4)):
+            call()
+        prof.disable()
+    pstats.Stats(prof).sort_stats(os.environ.get("HOST_GLUE_SORT", "cumulative")).print_stats(int(os.environ.get("HOST_GLUE_ROWS", "12")))
+
+
+if __name__ == "__main__":
+    main()

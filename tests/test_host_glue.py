@@ -1,0 +1,25 @@
+"""scripts/host_glue.py (an NSA layer's host time with every Triton launch stubbed) still runs
+against the module's API on both paths and reports a time and a profile of the call."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("path,entry", [("decode", "decode"), ("forward", "_forward_packed")])
+def test_host_glue_script_reports_a_call_time(path, entry):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_glue.py"), path, "--calls", "100"],
+                          capture_output=True, text=True, timeout=600, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = re.search(rf"^{path} host time with (\d+) Triton functions stubbed: (\d+) us/call median", proc.stdout, re.M)
+    assert m and int(m.group(1)) > 20 and int(m.group(2)) > 0, proc.stdout[-2000:]
+    assert entry in proc.stdout.split("stubbed:", 1)[1], f"no profile of {entry}"

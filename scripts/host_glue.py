@@ -17,8 +17,8 @@ lambdas are still evaluated), so nothing of the kernels runs and nothing reads t
 Prints the median and minimum microseconds per call over rounds of 100 calls (a shared 2-core
 machine is noisy) and the top of a cProfile.
 
-    PYTHONPATH=src python scripts/host_glue.py decode [--calls 2000]
-    PYTHONPATH=src python scripts/host_glue.py forward [--impl fsa] [--calls 2000]
+    PYTHONPATH=src python scripts/host_glue.py decode [--rounds 20]
+    PYTHONPATH=src python scripts/host_glue.py forward [--impl fsa] [--rounds 20]
 """
 import argparse
 import cProfile
@@ -89,7 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", choices=("decode", "forward"))
     parser.add_argument("--impl", default="fsa", help="selection impl of the forward path")
-    parser.add_argument("--calls", type=int, default=2000, help="timed calls, in rounds of 100 (a quarter as many profiled)")
+    parser.add_argument("--rounds", type=int, default=20, help="timed rounds of 100 calls (25 calls a round profiled)")
     args = parser.parse_args()
     torch.manual_seed(0)
     call = decode_call() if args.path == "decode" else forward_call(args.impl)
@@ -98,7 +98,7 @@ def main() -> None:
         for _ in range(20):
             call()
         rounds = []
-        for _ in range(max(1, args.calls // 100)):
+        for _ in range(max(1, args.rounds)):
             t0 = time.perf_counter()
             for _ in range(100):
                 call()
@@ -108,7 +108,7 @@ def main() -> None:
               f"torch {torch.__version__})")
         prof = cProfile.Profile()
         prof.enable()
-        for _ in range(max(1, args.calls // 4)):
+        for _ in range(25 * max(1, args.rounds)):
             call()
         prof.disable()
     pstats.Stats(prof).sort_stats(os.environ.get("HOST_GLUE_SORT", "cumulative")).print_stats(int(os.environ.get("HOST_GLUE_ROWS", "12")))

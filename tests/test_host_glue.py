@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("path,entry", [("decode", "decode"), ("forward", "_forward_packed")])
 def test_host_glue_script_reports_a_call_time(path, entry):
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_glue.py"), path, "--calls", "100"],
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_glue.py"), path, "--rounds", "1"],
                           capture_output=True, text=True, timeout=600, check=False,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert proc.returncode == 0, proc.stderr[-3000:]

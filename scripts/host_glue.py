@@ -18,7 +18,7 @@ Prints the median and minimum microseconds per call over rounds of 100 calls (a 
 machine is noisy) and the top of a cProfile.
 
     PYTHONPATH=src python scripts/host_glue.py decode [--rounds 20]
-    PYTHONPATH=src python scripts/host_glue.py forward [--impl fsa] [--rounds 20]
+    PYTHONPATH=src python scripts/host_glue.py forward [--impl fsa] [--rounds 20] [--sort tottime] [--rows 40]
 """
 import argparse
 import cProfile
@@ -90,6 +90,8 @@ def main() -> None:
     parser.add_argument("path", choices=("decode", "forward"))
     parser.add_argument("--impl", default="fsa", help="selection impl of the forward path")
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds of 100 calls (25 calls a round profiled)")
+    parser.add_argument("--sort", default="cumulative", help="cProfile sort key (cumulative, tottime, ...)")
+    parser.add_argument("--rows", type=int, default=12, help="profile rows printed")
     args = parser.parse_args()
     torch.manual_seed(0)
     call = decode_call() if args.path == "decode" else forward_call(args.impl)
@@ -111,7 +113,7 @@ def main() -> None:
         for _ in range(25 * max(1, args.rounds)):
             call()
         prof.disable()
-    pstats.Stats(prof).sort_stats(os.environ.get("HOST_GLUE_SORT", "cumulative")).print_stats(int(os.environ.get("HOST_GLUE_ROWS", "12")))
+    pstats.Stats(prof).sort_stats(args.sort).print_stats(args.rows)
 
 
 if __name__ == "__main__":

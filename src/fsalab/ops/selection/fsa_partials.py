@@ -10,10 +10,11 @@ minimum once TOK * G >= 16. Modes:
 
 - STATS (paper kernel 2): per entry and head, log2-sum-exp of the scores over the block; no V.
 - PAPER (paper kernel 1): sum_j exp(s_j - lse) v_j with the token's final lse precomputed by
-  STATS + merge, so the partials are already normalised and the merge is a plain sum.
+  STATS + merge (read in log2 units, as the merge computed it), so the partials are already
+  normalised and the merge is a plain sum.
 - FAST (ours): the block's own softmax, o_p = softmax(s) V and its log2-sum-exp, merged by
   log-sum-exp: no statistics pass.
-- DQ (backward): scale * sum_j ds_j k_j with ds = p (dp - delta), p from the saved lse.
+- DQ (backward): scale * sum_j ds_j k_j with ds = p (dp - delta), p from the saved lse (natural log).
 
 Partials live in a compact buffer indexed by entry: row ``(p - base) * Gc + head`` where p is
 the entry's position in token_ids and ``base`` the first entry of the chunk of KV heads being
@@ -194,7 +195,6 @@ def _partial_tiles(
             lse2 = tl.load(lse + lp, mask=valid, other=0.0)
         if MODE == DQ:
             lse2 = tl.load(lse + lp, mask=valid, other=0.0) * LOG2E_C
-        if MODE == DQ:
             do_t = tl.load(do + qp, mask=qmask, other=0.0)
             dl = tl.load(delta + lp, mask=valid, other=0.0)
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)

@@ -48,8 +48,8 @@ h·capacity/s·4 bytes per sequence, allocated with the cache: a fraction g/(s·
 cache's 2·h_kv·d·2 bytes per token in bf16, 0.05 % at g = 1, 0.8 % at g = 16 with s = 16,
 d = 128; 4 MiB at h = 64 and a capacity of 256K tokens). A step's own temporaries: the partials,
 fp32 [batch, h, S_c + T + S_w, d + 1], the score keys int32 [batch, h_kv, S_s, T_P] and
-block_idx: O(batch · h · d) for the fixed split counts (``decode_splits``: at most 64 + T + 8
-partials per head, 2.8 MiB at batch 1, 64 heads, d = 128, T = 16), whatever the context length.
+block_idx: O(batch · h · d) for the fixed split counts (``decode_splits``: at most 128 + T + 8
+partials per head, 4.8 MiB at batch 1, 64 heads, d = 128, T = 16), whatever the context length.
 """
 
 from __future__ import annotations
@@ -70,8 +70,14 @@ from ._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, cdiv, dot_precision, next
 
 DECODE_IMPLS = ("reference", "triton", "auto")
 
-# Keys per compressed-attention split and per window split at least (fewer ranges are idle work).
-_MIN_SPLIT_TOKENS = 64
+# Split counts, when the batch cannot fill the GPU (H200, batch 1, 32K-256K, g = 1 and 4; the
+# A/B in docs/perf-log.md, "Decode step: split counts and the score kernel's warps"): about 8
+# programs per SM (2, 4, 8 and 16 timed); compressed-attention ranges of at least 128 tokens (two
+# 64-key tiles: 64-token ranges lost at 64K, g = 4); window ranges of at least 64 keys.
+_PROGRAMS_PER_SM = 8
+_MIN_CMP_RANGE = 128
+_MIN_WINDOW_RANGE = 64
+_MAX_SPLITS = 128
 
 
 def decode_ops(impl: str, device: torch.device) -> ModuleType:
@@ -100,17 +106,18 @@ def _score_tile(cfg) -> tuple[int, int]:
 
 def decode_splits(batch: int, h_kv: int, capacity: int, cfg, device: torch.device) -> tuple[int, int, int]:
     """(S_c, S_s, S_w): ranges per (sequence, KV head) of the compressed-attention, score and
-    window programs. Chosen from the batch and capacity only (static grids): enough programs to
-    fill the GPU (2 per SM) when the batch cannot, never ranges shorter than 64 tokens at
-    capacity. Under the interpreter, small counts that still cut tiny caches into several ranges."""
+    window programs. Chosen from the batch and capacity only (static grids): about
+    ``_PROGRAMS_PER_SM`` programs per SM when the batch cannot fill the GPU, compressed ranges of
+    at least ``_MIN_CMP_RANGE`` tokens at capacity, S_c and S_s <= ``_MAX_SPLITS``, S_w <= 8.
+    Under the interpreter, small counts that still cut tiny caches into several ranges."""
     rows = max(1, capacity // cfg.kernel_stride)
     _, bb = _score_tile(cfg)
     if INTERPRET or device.type != "cuda":
         return min(3, rows), min(2, cfg.num_blocks(capacity)), min(2, cfg.window_size)
-    per_head = cdiv(2 * _sm_count(device.index or 0), batch * h_kv)
-    s_c = max(1, min(per_head, cdiv(rows, _MIN_SPLIT_TOKENS), 64))
-    s_s = max(1, min(per_head, cdiv(cfg.num_blocks(capacity), bb - 1), 64))
-    s_w = max(1, min(cdiv(min(cfg.window_size, capacity), _MIN_SPLIT_TOKENS), 8))
+    per_head = cdiv(_PROGRAMS_PER_SM * _sm_count(device.index or 0), batch * h_kv)
+    s_c = max(1, min(per_head, cdiv(rows, _MIN_CMP_RANGE), _MAX_SPLITS))
+    s_s = max(1, min(per_head, cdiv(cfg.num_blocks(capacity), bb - 1), _MAX_SPLITS))
+    s_w = max(1, min(cdiv(min(cfg.window_size, capacity), _MIN_WINDOW_RANGE), 8))
     return s_c, s_s, s_w
 
 
@@ -582,11 +589,12 @@ def nsa_decode(
         logits.stride(0), logits.stride(1), h, s_c, qk, L=cfg.kernel_size, S=cfg.kernel_stride, BLOCK_N=block_n,
         **shape, **warps,
     )
-    # No MMA here: the group's heads need no padding to 16 rows.
+    # No MMA here: the group's heads need no padding to 16 rows. One warp: the tiles are [g, BB·R]
+    # and the top-T merges a serial chain; 4 warps took 1.2-3.6x the time (docs/perf-log.md).
     _score_kernel[(batch, h_kv, s_s)](
         logits, lens, lse_c, keys, logits.stride(0), logits.stride(1), h, h_kv, s_c, s_s, G=g, G_PAD=next_pow2(g),
         L=cfg.kernel_size, S=cfg.kernel_stride, BS=cfg.block_size, T_P=t_pad, BB=bb, SC_PAD=next_pow2(s_c),
-        INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, **warps,
+        INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, **({} if INTERPRET else {"num_warps": 1}),
     )
     _topk_kernel[(batch * h_kv,)](keys, lens, block_idx, h_kv, s_s, BS=cfg.block_size, T_P=t_pad, TOPK=topk,
                                   NK=next_pow2(s_s) * t_pad)

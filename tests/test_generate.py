@@ -62,3 +62,33 @@ def test_generate_errors():
         model(ids, **{cache_kwarg(model): DynamicCache()})
     with pytest.raises(ValueError, match="capacity"):
         NSAModelCache(model, 0)
+
+
+def test_cuda_graphs_option():
+    model = _model("llama3-8b")
+    assert NSAModelCache(model, 16).cuda_graphs is False  # default: on CUDA only
+    assert all(layer.graph_pool is None for layer in NSAModelCache(model, 16).layers)
+    with pytest.raises(ValueError, match="CUDA device"):
+        NSAModelCache(model, 16, cuda_graphs=True)
+    with pytest.raises(TypeError, match="cuda_graphs"):
+        NSAModelCache(model, 16, cuda_graphs="yes")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["llama3-8b", "qwen3-14b"])
+@torch.no_grad()
+def test_generate_replays_cuda_graphs_with_the_eager_tokens(name):
+    """Each layer's decode step recorded at the second step and replayed after: the tokens equal
+    the eager decode's and a re-run of the whole prefix (fp32, Triton kernels everywhere)."""
+    model = configs.build_model(name, 2, "cuda", torch.float32, **TINY)
+    patch.patch_model(model, "fsa", CFG, compression_impl="triton", window_impl="triton", gate_impl="triton")
+    configs.init_random_(model, seed=0, std=0.2)
+    model.eval()
+    ids = torch.randint(0, TINY["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(0)).cuda()
+    cache = NSAModelCache(model, 40)
+    assert cache.cuda_graphs
+    replayed = model.generate(ids, max_new_tokens=25, do_sample=False, pad_token_id=0,
+                              attention_mask=torch.ones_like(ids), **{cache_kwarg(model): cache})
+    assert all(layer.graph.graph is not None and layer.graph.calls == 2 for layer in cache.layers)
+    assert torch.equal(replayed, generate(model, ids, 25, cuda_graphs=False))
+    assert torch.equal(replayed, _greedy_by_prefix(model, ids, 25))

@@ -16,8 +16,9 @@
   SDPA causal prefill then SDPA decode steps over the N prefilled tokens, graph-replayed at that
   fixed shape (the steps' growth left out, in full attention's favour). ``median_ms`` is
   prefill + steps x the step's mean; the q/k/v/o projections are not included.
-- ``generate``: tokens/s of a patched model (``model``, ``layers``; NSA impls) or of the
-  model's own attention (full impls, HF's DynamicCache) through ``model.generate``, greedy,
+- ``generate``: tokens/s of a patched model (``model``, ``layers``; NSA impls, each layer's
+  decode step replayed from a CUDA graph on CUDA: ``NSAModelCache``'s default) or of the
+  model's own attention (full impls, HF's DynamicCache, eager) through ``model.generate``, greedy,
   prompts of N tokens, ``steps`` new tokens; wall clock of the whole call, and of a one-token
   call (``prefill_ms``) timed alternately with it, whose difference gives ``mean_step_ms``.
 
@@ -357,9 +358,11 @@ def _run_generate(p, exp, device, dtype, row):
     row["prefill_samples_ms"] = prefill
     if p["steps"] > 1:
         row["mean_step_ms"] = (row["median_ms"] - row["prefill_ms"]) / (p["steps"] - 1)
+    graphs = patch.is_sparse(impl) and device.type == "cuda"  # NSAModelCache's default
     row["scope"] = (f"model.generate (greedy, prompt N, {p['steps']} new tokens, prefill included), {row['layers']} "
-                    f"layers; prefill_ms: a 1-token generate; mean_step_ms: (median − prefill_ms) / (steps − 1)")
-    row["timing"] = {"method": "wallclock", "repeats": len(samples)}
+                    f"layers; prefill_ms: a 1-token generate; mean_step_ms: (median − prefill_ms) / (steps − 1)"
+                    + ("; NSA layers' decode steps replayed from CUDA graphs" if graphs else ""))
+    row["timing"] = {"method": "wallclock", "repeats": len(samples), "decode_graphs": graphs}
 
 
 _RUNNERS = {"decode_step": _run_decode_step, "inference": _run_inference, "generate": _run_generate}

@@ -216,8 +216,7 @@ class NSAAttentionAdapter(nn.Module):
         if layer is not None:
             if kwargs.get("cu_seq_lens_q") is not None:
                 raise ValueError("an NSAModelCache is filled from a padded [B, S, hidden] prompt, one sequence a row")
-            layer.nsa = nsa.new_cache(batch, layer.capacity)
-            layer.seen = seq
+            layer.start(nsa.new_cache(batch, layer.capacity), seq)
         o = nsa_attend(nsa, q, k, v, x, cu, cos, sin, layer.nsa if layer is not None else None)
         return nsa.o_proj(o.reshape(total, h * d)).view(batch, seq, hidden), None
 
@@ -229,18 +228,22 @@ class NSAAttentionAdapter(nn.Module):
         if self._rotary[0] is None:
             raise ValueError("NSA decode needs the model's rotary embedding: patch the model with patch_model")
         nsa, h, h_kv, d = self.nsa, self.nsa.num_heads, self.nsa.num_kv_heads, self.head_dim
-        x = hidden_states.reshape(batch, hidden)
-        q = nsa.q_proj(x).view(batch, h, d)
-        k = nsa.k_proj(x).view(batch, h_kv, d)
-        v = nsa.v_proj(x).view(batch, h_kv, d)
-
-        # HF's rotary parameters, read at every step; the decode step computes cos/sin from them
-        # inside its kernels. HF takes inv_freq to fp32 too when a cast of the model rounded it.
         rotary = self._rotary[0]
-        inv_freq = rotary.inv_freq if rotary.inv_freq.dtype == torch.float32 else rotary.inv_freq.float()
-        o = nsa.attend_decode(q, k, v, x, layer.nsa, inv_freq, rotary.attention_scaling)
+
+        def step(x: torch.Tensor) -> torch.Tensor:  # [batch, hidden] -> [batch, hidden]
+            q = nsa.q_proj(x).view(batch, h, d)
+            k = nsa.k_proj(x).view(batch, h_kv, d)
+            v = nsa.v_proj(x).view(batch, h_kv, d)
+            # HF's rotary parameters; the decode step computes cos/sin from them inside its
+            # kernels. HF takes inv_freq to fp32 too when a cast of the model rounded it.
+            inv_freq = rotary.inv_freq if rotary.inv_freq.dtype == torch.float32 else rotary.inv_freq.float()
+            o = nsa.attend_decode(q, k, v, x, layer.nsa, inv_freq, rotary.attention_scaling)
+            return nsa.o_proj(o.reshape(batch, h * d))
+
+        x = hidden_states.reshape(batch, hidden)
+        out = layer.graph(step, x) if layer.graph is not None else step(x)
         layer.seen += 1
-        return nsa.o_proj(o.reshape(batch, h * d)).view(batch, 1, hidden)
+        return out.view(batch, 1, hidden)
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -318,11 +318,12 @@ def _run_generate(p, exp, device, dtype, row):
     lm.eval()
     gen = torch.Generator(device=device).manual_seed(p["seed"])
     ids = torch.randint(0, lm.config.vocab_size, (p["batch"], p["N"]), generator=gen, device=device)
+    graphs = patch.is_sparse(impl) and device.type == "cuda"  # NSA decode steps replayed from CUDA graphs
 
     def run(steps):
         with torch.inference_mode(), patch.attention_context(impl):
             if patch.is_sparse(impl):
-                return generate(lm, ids, steps)
+                return generate(lm, ids, steps, cuda_graphs=graphs)
             return lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps, do_sample=False,
                                pad_token_id=0)
 
@@ -358,7 +359,6 @@ def _run_generate(p, exp, device, dtype, row):
     row["prefill_samples_ms"] = prefill
     if p["steps"] > 1:
         row["mean_step_ms"] = (row["median_ms"] - row["prefill_ms"]) / (p["steps"] - 1)
-    graphs = patch.is_sparse(impl) and device.type == "cuda"  # NSAModelCache's default
     row["scope"] = (f"model.generate (greedy, prompt N, {p['steps']} new tokens, prefill included), {row['layers']} "
                     f"layers; prefill_ms: a 1-token generate; mean_step_ms: (median − prefill_ms) / (steps − 1)"
                     + ("; NSA layers' decode steps replayed from CUDA graphs" if graphs else ""))

@@ -1,6 +1,6 @@
 """A/B of generate() with each NSA layer's decode step eager (A) or replayed from a CUDA graph (B):
 Llama3-8B, 4-layer slice, random weights, bf16, batch 1, 32K and 64K prompts, 64 new tokens,
-fsa selection; rounds A B B A, wall clock of the whole call and of a 1-token call (the prefill),
+fsa selection; rounds A B B A A B (median of 3 each), wall clock of the whole call and of a 1-token call (the prefill),
 mean step = (whole - prefill) / 63. Tokens of A and B compared. Usage: python ab_generate_graphs.py out.json"""
 import json, sys, time
 import torch

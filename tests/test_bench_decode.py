@@ -58,3 +58,23 @@ def test_smoke_rows(tmp_path):
         if name == "inference":
             assert all(r["median_ms"] > r["prefill_ms"] for r in rows)
 
+
+
+def test_generate_runs_with_expandable_segments(monkeypatch):
+    """The generate experiment names its allocator setting; the CLI sets it before CUDA starts,
+    refuses a different value already in the environment, and every row records the value."""
+    from fsalab import cli
+    from fsalab.bench import provenance
+
+    exp = grid.load_experiment("generate")
+    assert exp["cuda_alloc_conf"] == "expandable_segments:True"
+    assert "cuda_alloc_conf" not in grid.load_experiment("decode")
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    cli._apply_alloc_conf(exp)
+    assert provenance.provenance()["cuda_alloc_conf"] == "expandable_segments:True"
+    cli._apply_alloc_conf(exp)  # the same value again is fine
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    with pytest.raises(SystemExit, match="expandable_segments:True.*max_split_size_mb:512"):
+        cli._apply_alloc_conf(exp)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    assert provenance.provenance()["cuda_alloc_conf"] is None

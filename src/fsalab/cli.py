@@ -105,7 +105,24 @@ POINT_RUNNERS = {"bench-kernel": "kernel", "bench-dram": "dram", "bench-compile"
                  "bench-decode": "decode"}
 
 
+def _apply_alloc_conf(exp: dict) -> None:
+    """Set the experiment's ``cuda_alloc_conf`` as PYTORCH_CUDA_ALLOC_CONF; call before CUDA starts.
+
+    The allocator reads the variable once, when CUDA is first used, so a later change would not
+    apply; a different value already set is refused rather than silently overridden."""
+    wanted = exp.get("cuda_alloc_conf")
+    if wanted is None:
+        return
+    have = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    if have not in (None, "", wanted):
+        raise SystemExit(f"experiment {exp['experiment']!r} runs with PYTORCH_CUDA_ALLOC_CONF={wanted!r}, "
+                         f"the environment sets {have!r}; unset it or make it match")
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = wanted
+
+
 def cmd_bench_kernel(args) -> int:
+    exp = _load(args)
+    _apply_alloc_conf(exp)
     device = _prepare_device()
     import importlib
 
@@ -114,7 +131,6 @@ def cmd_bench_kernel(args) -> int:
 
     if args.platform:
         os.environ["FSALAB_PLATFORM"] = args.platform
-    exp = _load(args)
     if exp["runner"] != POINT_RUNNERS[args.command]:
         print(f"experiment {exp['experiment']!r} uses the {exp['runner']!r} runner, not {args.command}", file=sys.stderr)
         return 2

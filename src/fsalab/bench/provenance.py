@@ -188,6 +188,7 @@ def provenance() -> dict:
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "driver": _driver_version() if torch.cuda.is_available() else None,
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or None,
         **git_state(),
     }
     if torch.cuda.is_available():

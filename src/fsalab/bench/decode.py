@@ -241,7 +241,12 @@ def _run_decode_step(p, exp, device, dtype, row):
     row["mean_step_ms"] = row["mean_ms"]
     row["samples_ms"] = samples
     row["timing"] = {"method": method, "steps": p["steps"]}
-    row["step_extra_mem_bytes"] = _extra_memory(step, device) if device.type == "cuda" else None
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)  # the probe below resets the point's peak counter
+        row["step_extra_mem_bytes"] = _extra_memory(step, device)
+        row["peak_mem_gib"] = max(peak, torch.cuda.max_memory_allocated(device)) / 2**30
+    else:
+        row["step_extra_mem_bytes"] = None
 
 
 # ---------------------------------------------------------------- inference
@@ -375,9 +380,11 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
     row.update(steps=p["steps"], layers=p["layers"] if p["op"] == "generate" else None)
     started = time.time()
     try:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)  # the row's peak is this point's, not the process's
         with value_checks_off():
             _RUNNERS[p["op"]](p, exp, device, DTYPES[p["dtype"]], row)
-        if device.type == "cuda":
+        if device.type == "cuda" and row.get("peak_mem_gib") is None:
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         row["status"] = "ok"
     except Exception as exc:  # noqa: BLE001 - every failure of a point becomes a row (Unsupported: unsupported)

@@ -29,7 +29,7 @@ from fsalab.bench.repo import repo_root
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
 from fsalab.ops import reference
-from fsalab.ops.selection import resolve, selected_attention
+from fsalab.ops.selection import fsa, resolve, selected_attention
 from fsalab.testing import cu_seqlens_of
 
 ROOT = repo_root()
@@ -405,10 +405,20 @@ def test_module_keeps_nan_in_its_sequence_and_zeroes_padding():
     assert torch.isfinite(out[valid]).all() and (out[~valid] == 0).all()
 
 
+KERNELS_AND_SWITCHES = pytest.mark.parametrize(
+    "impl, options", [("nsa", {}), ("fsa", {}), ("fsa_paper", {}), ("fsa_paper", {"inner_loop": False}),
+                      ("fsa_paper", {"early_return": False})],
+    ids=["nsa", "fsa", "fsa_paper", "fsa_paper-no-inner-loop", "fsa_paper-no-early-return"])
+
+
+def _selected(impl, options, q, k, v, blk, cu, bs):
+    if options:
+        return resolve(impl)(q, k, v, blk, cu, bs, None, **options)[0]
+    return selected_attention(q, k, v, blk, cu, bs, impl=impl)[0]
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
-@pytest.mark.parametrize("impl, options", [("nsa", {}), ("fsa", {}), ("fsa_paper", {}),
-                                           ("fsa_paper", {"inner_loop": False})],
-                         ids=["nsa", "fsa", "fsa_paper", "fsa_paper-no-inner-loop"])
+@KERNELS_AND_SWITCHES
 def test_kernels_keep_a_later_tokens_bad_value_out_of_earlier_tokens(impl, options, bad):
     """A non-finite value at token 21 (inside block 1 of 16 tokens): tokens 16-20 share its
     block's tiles in the FSA kernels but may not see it; the reached tokens are the reference's
@@ -419,11 +429,45 @@ def test_kernels_keep_a_later_tokens_bad_value_out_of_earlier_tokens(impl, optio
     blk = torch.cat([_own_and_first_blocks(48, bs), _own_and_first_blocks(20, bs)])
     expected = _reach(reference.selected_attention(q, k, v, blk, cu, bs)[0])
     assert expected == list(range(21, 32))  # block 1 only: later blocks select blocks 0 and their own
-    if options:
-        o, _ = resolve(impl)(q, k, v, blk, cu, bs, None, **options)
-    else:
-        o, _ = selected_attention(q, k, v, blk, cu, bs, impl=impl)
-    assert _reach(o) == expected
+    assert _reach(_selected(impl, options, q, k, v, blk, cu, bs)) == expected
+
+
+class _RecordedLaunches:
+    """Stands in for a Triton kernel: records (grid size, CONTAIN) of each launch, then runs it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((grid[0], kwargs["CONTAIN"]))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.mark.slow(20)
+@KERNELS_AND_SWITCHES
+def test_bad_value_in_a_row_of_many_token_ranges(impl, options, monkeypatch):
+    """A NaN at token 5 sits in block 0, which all 300 tokens of the first sequence select: its
+    CSR row spans several programs' token ranges, and the containing launch (one program per
+    row and head program) walks them all. That launch's grid is the plain paper grid's divided by
+    its token ranges, never the plain grid again."""
+    lengths, bs = [300, 20], 16
+    q, k, v, cu = _qkv(lengths)
+    v[5] = float("nan")
+    blk = torch.cat([_own_and_first_blocks(300, bs), _own_and_first_blocks(20, bs)])
+    expected = _reach(reference.selected_attention(q, k, v, blk, cu, bs)[0])
+    assert expected == list(range(5, 300))
+    recorder = _RecordedLaunches(fsa._partial_kernel)
+    monkeypatch.setattr(fsa, "_partial_kernel", recorder)
+    assert _reach(_selected(impl, options, q, k, v, blk, cu, bs)) == expected
+    if impl == "nsa":
+        return
+    plain = [grid for grid, contain in recorder.launches if not contain]
+    contained = [grid for grid, contain in recorder.launches if contain]
+    assert len(contained) == 1  # PAPER or FAST; STATS and the merge contain nothing
+    if impl == "fsa_paper":  # the paper's flat grid has >= 3 token ranges of 128 (64) tokens for 320 tokens
+        assert contained[0] * 3 <= max(plain)
 
 
 # ---------------------------------------------------------------- 7. clear errors

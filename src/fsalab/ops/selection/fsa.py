@@ -138,7 +138,7 @@ def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_swit
                     v_bad_rows=None):
     """Run _partial_kernel over one chunk: from a work list, or on the paper's grid. PAPER and
     FAST take ``v_bad_rows`` (``_nonfinite_blocks``) and launch twice: plain, then the containing
-    pass over the flagged rows."""
+    pass over the flagged rows, on a grid of rows x head programs (not the plain grid)."""
     ix = pb.index
     G = tiles.block_m // tiles.tok
     r_begin, r_end = chunk.hk0 * pb.cap, (chunk.hk0 + chunk.n_kv) * pb.cap
@@ -153,6 +153,8 @@ def _launch_partial(pb, chunk, tiles, mode, obuf, lbuf, *, work=None, paper_swit
         first = item_row = item_sub = ix.row_ptr
     dummy = pb.q
     for contain in (False, True) if v_bad_rows is not None else (False,):
+        if contain:  # one program per (row, head program), walking the row's token ranges itself
+            grid = (r_end - r_begin) * hp
         _partial_kernel[(grid,)](
             pb.q, pb.k, pb.v, dummy if do is None else do, dummy if lse is None else lse,
             dummy if delta is None else delta, dummy if obuf is None else obuf, dummy if lbuf is None else lbuf,

@@ -122,10 +122,38 @@ def _partial_kernel(
     """One program per work item (see the module docstring). PAPER and FAST run twice: plain
     (CONTAIN=False) over every row, then CONTAIN=True over the rows that ``v_bad_rows``
     [h_kv * cap] (``_nonfinite_blocks_kernel``) flags, whose partials it overwrites with values
-    that keep NaN/Inf causal. The rare case costs a second launch of programs that mostly return
-    at once; the plain tiles stay those of a kernel without containment (a branch between the two
-    inside one launch, or flag checks in every tile, cost up to 1.5x: docs/perf-log.md)."""
+    that keep NaN/Inf causal. The plain tiles stay those of a kernel without containment (a
+    branch between the two inside one launch, or flag checks in every tile, cost up to 1.5x:
+    docs/perf-log.md). The containing launch runs one program per (row, head program) that walks
+    all of its row's token ranges itself: its grid is rows x HP, not the plain grid (the paper's
+    flat grid has ~1000x more programs, and launching them only to return cost 1.2-1.6x of the
+    paper kernel's forward). A flagged row is then one program's serial work, which only a
+    non-finite value pays for."""
     pid = tl.program_id(0)
+    if CONTAIN:
+        r = r_begin + pid // HP
+        if tl.load(v_bad_rows + r) == 0:
+            return
+        jp = (pid % HP) * G
+        hk = r // cap
+        gb = r - hk * cap
+        p_row = tl.load(row_ptr + r)
+        row_len = tl.load(row_ptr + r + 1) - p_row
+        end = row_len
+        if not EARLY_RETURN:
+            end = tl.where(tl.load(blk_local + gb) == 0, row_len, tl.load(max_rest))
+        base = tl.load(row_ptr + r_begin)
+        kb = tl.load(blk_start + gb)
+        kl = tl.load(blk_len + gb)
+        for sub in range(0, tl.cdiv(end, TOK * NUM_MT)):
+            c0 = sub * (TOK * NUM_MT)
+            n_mt = NUM_MT
+            if EARLY_RETURN:
+                n_mt = tl.minimum(tl.cdiv(row_len - c0, TOK), NUM_MT)
+            _partial_tiles(q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c0, n_mt, base, kb, kl,
+                           hk, jp, stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale,
+                           sm_scale, G, TOK, BLOCK_M, BLOCK_N, NUM_KT, D, MODE, PREC, CONTAIN)
+        return
     if TABLE:
         r, sub, ok = _work_item(pid, first, item_row, item_sub, r_begin, r_end)
         if ok == 0:
@@ -153,9 +181,6 @@ def _partial_kernel(
     base = tl.load(row_ptr + r_begin)
     kb = tl.load(blk_start + gb)
     kl = tl.load(blk_len + gb)
-    if CONTAIN:  # the second launch: only the rows whose values hold a NaN or Inf
-        if tl.load(v_bad_rows + r) == 0:
-            return
     _partial_tiles(q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c0, n_mt, base, kb, kl, hk, jp,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale, sm_scale,
                    G, TOK, BLOCK_M, BLOCK_N, NUM_KT, D, MODE, PREC, CONTAIN)

@@ -55,6 +55,14 @@ def test_smoke_rows(tmp_path):
             for r in rows:
                 assert r["tokens_per_s"] > 0 and len(r["prefill_samples_ms"]) == len(r["samples_ms"])
                 assert r["mean_step_ms"] == pytest.approx((r["median_ms"] - r["prefill_ms"]) / (r["steps"] - 1))
+                # a 2-layer slice of a 40-layer model: also timed at 1 layer, extended to 40 (or,
+                # on a noisy CPU, said to be impossible)
+                assert r["half_layers"] == 1 and r["full_depth_layers"] == 40
+                assert len(r["half_samples_ms"]) == len(r["half_prefill_samples_ms"]) == len(r["samples_ms"])
+                if r["full_depth_kind"].startswith("estimate"):
+                    assert r["full_depth_ms"] > r["median_ms"] and r["full_depth_tokens_per_s"] < r["tokens_per_s"]
+                else:
+                    assert r["full_depth_kind"].startswith("none: the 2-layer slice was not slower")
         if name == "inference":
             assert all(r["median_ms"] > r["prefill_ms"] for r in rows)
 
@@ -78,3 +86,29 @@ def test_generate_runs_with_expandable_segments(monkeypatch):
         cli._apply_alloc_conf(exp)
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
     assert provenance.provenance()["cuda_alloc_conf"] is None
+
+
+def test_generate_depth_estimate_and_first_layers():
+    """The full-depth estimate extends the slope of two slices; a model runs its first n layers
+    inside _first_layers (same modules) and is whole again after, an exception included."""
+    from fsalab.models import configs
+
+    assert decode._depth_estimate(10.0, 16.0, 2, 4, 32) == pytest.approx(16.0 + 28 * 3.0)
+    assert decode._depth_estimate(10.0, 16.0, 2, 4, 4) == 16.0
+    lm = configs.build_model("qwen3-14b", 4, "cpu", torch.float32, hidden_size=32, intermediate_size=64,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=64)
+    layers, ran = list(lm.model.layers), []
+    for i, layer in enumerate(layers):
+        layer.register_forward_hook(lambda *_, i=i: ran.append(i))
+    ids = torch.randint(0, 64, (1, 8))
+    with decode._first_layers(lm, 2):
+        assert lm.config.num_hidden_layers == 2 and len(lm.config.layer_types) == 2
+        lm(ids)
+    assert ran == [0, 1]
+    with pytest.raises(RuntimeError, match="inside"), decode._first_layers(lm, 1):
+        raise RuntimeError("inside")
+    assert list(lm.model.layers) == layers and lm.config.num_hidden_layers == 4 and len(lm.config.layer_types) == 4
+    ran.clear()
+    lm(ids)
+    assert ran == [0, 1, 2, 3]
+

@@ -20,7 +20,10 @@
   decode step replayed from a CUDA graph on CUDA: ``NSAModelCache``'s default) or of the
   model's own attention (full impls, HF's DynamicCache, eager) through ``model.generate``, greedy,
   prompts of N tokens, ``steps`` new tokens; wall clock of the whole call, and of a one-token
-  call (``prefill_ms``) timed alternately with it, whose difference gives ``mean_step_ms``.
+  call (``prefill_ms``) timed alternately with it, whose difference gives ``mean_step_ms``. A
+  slice of L < the model's layers also runs at L/2 layers (``half_*``), and ``full_depth_*``
+  extends the two linearly to the model's depth, labelled an estimate in ``full_depth_kind``
+  (the training runner's convention); a whole model is ``measured``.
 
 Every row carries the DESIGN §2 columns (``N`` = context, ``direction`` = fwd) plus
 ``mean_step_ms`` / ``tokens_per_s`` / ``step_extra_mem_bytes`` where they apply.
@@ -28,6 +31,7 @@ Every row carries the DESIGN §2 columns (``N`` = context, ``direction`` = fwd) 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 
@@ -308,6 +312,32 @@ def _run_inference(p, exp, device, dtype, row):
 # ---------------------------------------------------------------- generate
 
 
+@contextlib.contextmanager
+def _first_layers(lm, n: int):
+    """Inside: ``lm`` runs its first ``n`` decoder layers only (the same modules and weights; the
+    config's layer count, and its per-layer types where it has them, cut to match)."""
+    from ..models.patch import decoder_layers
+
+    base, config = getattr(lm, "model", lm), lm.config
+    layers, count, types = decoder_layers(lm), config.num_hidden_layers, getattr(config, "layer_types", None)
+    base.layers, config.num_hidden_layers = torch.nn.ModuleList(list(layers)[:n]), n
+    if types is not None:
+        config.layer_types = types[:n]
+    try:
+        yield
+    finally:
+        base.layers, config.num_hidden_layers = layers, count
+        if types is not None:
+            config.layer_types = types
+
+
+def _depth_estimate(half: float, whole: float, l_half: int, l: int, l_full: int) -> float:
+    """A time at ``l_full`` layers from the same request at ``l_half`` and ``l`` layers: the
+    per-layer slope of the two slices, extended (embedding, LM head and the generate loop are the
+    intercept)."""
+    return whole + (l_full - l) * (whole - half) / (l - l_half)
+
+
 def _run_generate(p, exp, device, dtype, row):
     from ..models import configs, patch
     from ..models.cache import generate
@@ -324,9 +354,13 @@ def _run_generate(p, exp, device, dtype, row):
     gen = torch.Generator(device=device).manual_seed(p["seed"])
     ids = torch.randint(0, lm.config.vocab_size, (p["batch"], p["N"]), generator=gen, device=device)
     graphs = patch.is_sparse(impl) and device.type == "cuda"  # NSA decode steps replayed from CUDA graphs
+    layers, l_full = lm.config.num_hidden_layers, configs.get_spec(p["model"]).num_layers
+    # A slice shorter than the model is also run at half its depth (same weights, same process):
+    # the two give the per-layer cost, extended to the full depth as an estimate.
+    depths = (layers // 2, layers) if 2 <= layers < l_full else (layers,)
 
-    def run(steps):
-        with torch.inference_mode(), patch.attention_context(impl):
+    def run(steps, depth):
+        with torch.inference_mode(), patch.attention_context(impl), _first_layers(lm, depth):
             if patch.is_sparse(impl):
                 return generate(lm, ids, steps, cuda_graphs=graphs)
             return lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps, do_sample=False,
@@ -336,38 +370,69 @@ def _run_generate(p, exp, device, dtype, row):
     # context length, and a 2-token warm-up left those costs inside the timed run (a 4-layer
     # Qwen3-14B generate measured 2.5x slower than the Qwen2.5-32B run with the same attention
     # shapes after it).
-    run(p["steps"])
+    for depth in depths:
+        run(p["steps"], depth)
 
-    def wall_ms(steps: int) -> float:
+    def wall_ms(steps: int, depth: int) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        out = run(steps)
+        out = run(steps, depth)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if out.shape[1] != p["N"] + steps:
             raise RuntimeError(f"generate returned {out.shape[1] - p['N']} new tokens, asked for {steps}")
         return (time.perf_counter() - t0) * 1e3
 
-    # The request and a one-token request (prompt + first token) alternate, so drift touches
-    # both; their difference is the decode steps' cost apart from the prefill. The timing is
-    # host-bound (generate syncs once a token), so one run per point cannot rank the attentions.
-    samples, prefill = [], []
+    # The request and a one-token request (prompt + first token) alternate, at each depth, so
+    # drift touches all; their difference is the decode steps' cost apart from the prefill. The
+    # timing is host-bound (generate syncs once a token), so one run per point cannot rank the
+    # attentions.
+    samples = {d: ([], []) for d in depths}  # depth -> (request samples, one-token samples)
     for _ in range(max(1, exp.get("timing", {}).get("repeats", 1))):
-        samples.append(wall_ms(p["steps"]))
-        prefill.append(wall_ms(1))
+        for depth in depths:
+            samples[depth][0].append(wall_ms(p["steps"], depth))
+            samples[depth][1].append(wall_ms(1, depth))
+    request, prefill = samples[layers]
     row["check"] = {"status": "pass", "what": f"{p['steps']} tokens generated"}
-    row.update(_summary(samples))
-    row["samples_ms"] = samples
+    row.update(_summary(request))
+    row["samples_ms"] = request
     row["tokens_per_s"] = p["batch"] * p["steps"] / (row["median_ms"] * 1e-3)
     row["prefill_ms"] = _summary(prefill)["median_ms"]
     row["prefill_samples_ms"] = prefill
     if p["steps"] > 1:
         row["mean_step_ms"] = (row["median_ms"] - row["prefill_ms"]) / (p["steps"] - 1)
+    row.update(_full_depth(row, p, samples, depths, l_full))
     row["scope"] = (f"model.generate (greedy, prompt N, {p['steps']} new tokens, prefill included), {row['layers']} "
                     f"layers; prefill_ms: a 1-token generate; mean_step_ms: (median − prefill_ms) / (steps − 1)"
                     + ("; NSA layers' decode steps replayed from CUDA graphs" if graphs else ""))
-    row["timing"] = {"method": "wallclock", "repeats": len(samples), "decode_graphs": graphs}
+    row["timing"] = {"method": "wallclock", "repeats": len(request), "decode_graphs": graphs}
+
+
+def _full_depth(row: dict, p: dict, samples: dict, depths: tuple[int, ...], l_full: int) -> dict:
+    """The full-depth columns: measured where the slice is the whole model, else estimated from
+    the half- and whole-slice medians (``_depth_estimate``), labelled in ``full_depth_kind``."""
+    out = {"full_depth_layers": l_full}
+    if depths[-1] == l_full:
+        whole_ms, prefill_ms, kind = row["median_ms"], row["prefill_ms"], "measured"
+    elif len(depths) == 1:
+        return {**out, "full_depth_kind": "none: a 1-layer slice gives no per-layer slope"}
+    else:
+        l_half, l = depths
+        half, half_prefill = (_summary(x)["median_ms"] for x in samples[l_half])
+        out.update(half_layers=l_half, half_median_ms=half, half_samples_ms=samples[l_half][0],
+                   half_prefill_ms=half_prefill, half_prefill_samples_ms=samples[l_half][1])
+        if not (row["median_ms"] > half and row["prefill_ms"] > half_prefill):
+            return {**out, "full_depth_kind": f"none: the {l}-layer slice was not slower than the {l_half}-layer one"}
+        whole_ms = _depth_estimate(half, row["median_ms"], l_half, l, l_full)
+        prefill_ms = _depth_estimate(half_prefill, row["prefill_ms"], l_half, l, l_full)
+        kind = (f"estimate: linear in depth from the {l_half}- and {l}-layer slices of this point "
+                f"(same weights, timed alternately), request and one-token request apart")
+    out.update(full_depth_ms=whole_ms, full_depth_prefill_ms=prefill_ms, full_depth_kind=kind,
+               full_depth_tokens_per_s=p["batch"] * p["steps"] / (whole_ms * 1e-3))
+    if p["steps"] > 1:
+        out["full_depth_step_ms"] = (whole_ms - prefill_ms) / (p["steps"] - 1)
+    return out
 
 
 _RUNNERS = {"decode_step": _run_decode_step, "inference": _run_inference, "generate": _run_generate}

@@ -95,6 +95,10 @@ def test_generate_depth_estimate_and_first_layers():
 
     assert decode._depth_estimate(10.0, 16.0, 2, 4, 32) == pytest.approx(16.0 + 28 * 3.0)
     assert decode._depth_estimate(10.0, 16.0, 2, 4, 4) == 16.0
+    # Qwen2.5-32B, 8 x 64K in bf16: 65.5 GB of weights + 64 layers x 8 x 65664 tokens x 8 KV heads
+    # x 128 x (K, V) x 2 B of cache, over one H200's 141 GB
+    point = {"model": "qwen2.5-32b", "dtype": "bfloat16", "batch": 8, "N": 65536, "steps": 128}
+    assert decode._inference_memory_floor(point) == 2 * 32_763_876_352 + 64 * 8 * 65664 * 8 * 128 * 2 * 2
     lm = configs.build_model("qwen3-14b", 4, "cpu", torch.float32, hidden_size=32, intermediate_size=64,
                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=64)
     layers, ran = list(lm.model.layers), []
@@ -111,4 +115,3 @@ def test_generate_depth_estimate_and_first_layers():
     ran.clear()
     lm(ids)
     assert ran == [0, 1, 2, 3]
-

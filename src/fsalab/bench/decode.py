@@ -23,7 +23,8 @@
   call (``prefill_ms``) timed alternately with it, whose difference gives ``mean_step_ms``. A
   slice of L < the model's layers also runs at L/2 layers (``half_*``), and ``full_depth_*``
   extends the two linearly to the model's depth, labelled an estimate in ``full_depth_kind``
-  (the training runner's convention); a whole model is ``measured``.
+  (the training runner's convention; ``full_depth_floor_gib``: weights + K/V cache, a lower
+  bound of its memory); a whole model is ``measured``.
 
 Every row carries the DESIGN §2 columns (``N`` = context, ``direction`` = fwd) plus
 ``mean_step_ms`` / ``tokens_per_s`` / ``step_extra_mem_bytes`` where they apply.
@@ -409,6 +410,19 @@ def _run_generate(p, exp, device, dtype, row):
     row["timing"] = {"method": "wallclock", "repeats": len(request), "decode_graphs": graphs}
 
 
+def _inference_memory_floor(p: dict) -> int:
+    """A lower bound (bytes) on a full-depth generate of the published model: its weights and
+    the raw K/V cache of every layer for batch x (N + steps) tokens, in the point's dtype. It
+    leaves out activations (a prefill MLP's intermediate alone is 27 GiB at Qwen2.5-32B, 8 x 64K)
+    and NSA's compressed cache, so a point above the GPU's memory cannot run whole there."""
+    from ..models.configs import get_spec
+
+    spec = get_spec(p["model"])
+    size = torch.empty((), dtype=DTYPES[p["dtype"]]).element_size()
+    kv = spec.num_layers * p["batch"] * (p["N"] + p["steps"]) * spec.num_kv_heads * spec.head_dim * 2 * size
+    return spec.num_params * size + kv
+
+
 def _full_depth(row: dict, p: dict, samples: dict, depths: tuple[int, ...], l_full: int) -> dict:
     """The full-depth columns: measured where the slice is the whole model, else estimated from
     the half- and whole-slice medians (``_depth_estimate``), labelled in ``full_depth_kind``."""
@@ -429,7 +443,8 @@ def _full_depth(row: dict, p: dict, samples: dict, depths: tuple[int, ...], l_fu
         kind = (f"estimate: linear in depth from the {l_half}- and {l}-layer slices of this point "
                 f"(same weights, timed alternately), request and one-token request apart")
     out.update(full_depth_ms=whole_ms, full_depth_prefill_ms=prefill_ms, full_depth_kind=kind,
-               full_depth_tokens_per_s=p["batch"] * p["steps"] / (whole_ms * 1e-3))
+               full_depth_tokens_per_s=p["batch"] * p["steps"] / (whole_ms * 1e-3),
+               full_depth_floor_gib=_inference_memory_floor(p) / 2**30)
     if p["steps"] > 1:
         out["full_depth_step_ms"] = (whole_ms - prefill_ms) / (p["steps"] - 1)
     return out

@@ -10,7 +10,7 @@ here=results/h200/checks/ab-contain-grid root=$PWD
 export FSALAB_ROOT=$root  # experiments and schemas from the checkout for both trees (rows' provenance too)
 before=/tmp/ab-contain-before
 rm -rf "$before" && mkdir -p "$before" && cp -r src "$before/src"
-(cd "$before" && git apply -R "$root/$here/change.patch")  # the change, undone
+(cd "$before" && { git apply -R "$root/$here/change.patch" || patch -R -p1 < "$root/$here/change.patch"; })  # the change, undone
 filter='selected-(fsa|fsapaper)-fwd-N65536-b1-hkv4-g[14]-d128-B64-T16-bf16'
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

@@ -4,21 +4,22 @@
 # (ops/selection/fsa.py and fsa_partials.py). Each tree runs the ablation experiment's
 # forward points at 64K, (64, 16), g = 1 and 4 (fsa, fsa_paper and its two switches off) with
 # the experiment's own runner, in its own process, alternating before / after / before / after.
-#   OUT=... bash results/h200/checks/ab-contain-grid/run_ab.sh   (from the repository root)
+#   source scripts/gpu/setup_site.sh; OUT=... bash results/h200/checks/ab-contain-grid/run_ab.sh
+# from the repository root (SMOKE=1 FILTER=. runs the smoke grid instead: a CPU check of the script).
 set -euo pipefail
 here=results/h200/checks/ab-contain-grid root=$PWD
 export FSALAB_ROOT=$root  # experiments and schemas from the checkout for both trees (rows' provenance too)
 before=/tmp/ab-contain-before
-rm -rf "$before" && mkdir -p "$before" && cp -r src "$before/src"
+rm -rf "$before" && mkdir -p "$before" && cp -rL src "$before/src"  # -L: the package data links point outside src
 (cd "$before" && { git apply -R "$root/$here/change.patch" || patch -R -p1 < "$root/$here/change.patch"; })  # the change, undone
-filter='selected-(fsa|fsapaper)-fwd-N65536-b1-hkv4-g[14]-d128-B64-T16-bf16'
+filter=${FILTER:-'selected-(fsa|fsapaper)-fwd-N65536-b1-hkv4-g[14]-d128-B64-T16-bf16'}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 for round in 1 2; do
   for side in before after; do
     tree=$root; [ "$side" = before ] && tree=$before
-    PYTHONPATH="$tree/src${PYTHONPATH:+:$PYTHONPATH}" python3 -m fsalab.cli bench-kernel --experiment ablation --all \
-      --filter="$filter" --results-dir "$OUT/$side-$round" --force 2>&1 | grep -E "^\[" | sed "s/^/$side-$round /"
+    PYTHONPATH="$tree/src${PYTHONPATH:+:$PYTHONPATH}" python3 -m fsalab.cli bench-kernel --experiment ablation ${SMOKE:+--smoke} --all \
+      --filter="$filter" --results-dir "$OUT/$side-$round" --force 2>&1 | { grep -E "^\[" || true; } | sed "s/^/$side-$round /"
   done
 done | tee "$OUT/ab.log"
 python3 - "$OUT" <<'PY' | tee -a "$OUT/ab.log"

@@ -17,13 +17,15 @@ first, e.g. to take a part out and see its share); whether the kernel is issue-b
 device to tell (docs/perf-log.md, Open).
 
     python scripts/sass_loop_count.py [--kernel select|fsa_partial|fsa_dkdv] [--source FILE]
-        [--function NAME] [--const NAME=VALUE ...] [--rows N] [--loops K]
+        [--function NAME] [--const NAME=VALUE ...] [--rows N] [--loops K] [--same-as FILE]
         [--replace OLD NEW ...] [--config G,BLOCK_M,WARPS[,STAGES] ...]
 
 ``--function`` builds another kernel of the (``--source``) module with the same arguments plus
 the constexprs ``--const`` adds (a variant kernel of an A/B under results/h200/checks/);
 ``--rows`` overrides the tile rows the per-row count divides by; ``--loops K`` reports the K
-largest loops (a variant with two tile loops). Each loop's count names its local-memory
+largest loops (a variant with two tile loops); ``--same-as FILE`` says whether each config's
+whole SASS equals that of FILE's version of the module (``--const`` picks the variant, e.g.
+``--const MODE=1 --const TABLE=0`` for fsa_paper's PAPER pass on the paper's grid). Each loop's count names its local-memory
 reloads (LDL: spilled registers read back inside the loop).
 
 Constexprs and integer arguments are those of one sequence of 64K tokens at the defaults:
@@ -214,6 +216,8 @@ def main(argv=None) -> int:
     ap.add_argument("--const", action="append", default=[], metavar="NAME=VALUE", help="an added constexpr (int)")
     ap.add_argument("--rows", type=int, help="tile rows per loop pass (default: the kernel's)")
     ap.add_argument("--loops", type=int, default=1, help="report the K largest loops")
+    ap.add_argument("--same-as", metavar="FILE", help="also build FILE's version of the module and say whether "
+                    "each config's whole SASS equals it (a refactor that must leave a kernel as it was)")
     args = ap.parse_args(argv)
     extra = {name: int(value) for name, value in (c.split("=", 1) for c in args.const)}
     kernel = KERNELS[args.kernel]
@@ -224,6 +228,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"--replace: {old!r} occurs {source.count(old)} times, not once")
         source = source.replace(old, new)
     module = load_module(kernel, source)
+    other = load_module(kernel, pathlib.Path(args.same_as).read_text()) if args.same_as else None
     for config in args.config or kernel.configs:
         g, block_m, warps, *rest = (int(x) for x in config.split(","))
         stages = rest[0] if rest else 2
@@ -240,7 +245,15 @@ def main(argv=None) -> int:
             print(f"{name} G={g} BLOCK_M={block_m} warps={warps} stages={stages}: {regs} registers, {spills} B "
                   f"spilled; {loop} {n} instructions per thread and {kernel.unit} ({n * 32 * warps // rows} per "
                   f"{what}, all threads; {counts.get('LDL', 0)} local reloads): {top}", flush=True)
+        if other is not None:
+            same = _code(text) == _code(sass(kernel, other, g, block_m, warps, stages, args.function, extra)[1])
+            print(f"  whole SASS {'identical to' if same else 'differs from'} {args.same_as}'s", flush=True)
     return 0
+
+
+def _code(sass_text: str) -> list[str]:
+    """The instruction lines of cuobjdump's listing (headers name the temporary file)."""
+    return [line for line in sass_text.splitlines() if line.strip().startswith("/*")]
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ from fsalab.bench.repo import repo_root
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
 from fsalab.ops import reference
-from fsalab.ops.selection import fsa, resolve, selected_attention
-from fsalab.testing import cu_seqlens_of
+from fsalab.ops.selection import resolve, selected_attention
+from fsalab.testing import LaunchCounter, cu_seqlens_of
 
 ROOT = repo_root()
 TINY = {"op": "selected", "impl": "reference", "direction": "fwd", "batch": 1, "h_kv": 1, "g": 2, "d": 16,
@@ -432,22 +432,9 @@ def test_kernels_keep_a_later_tokens_bad_value_out_of_earlier_tokens(impl, optio
     assert _reach(_selected(impl, options, q, k, v, blk, cu, bs)) == expected
 
 
-class _RecordedLaunches:
-    """Stands in for a Triton kernel: records (grid size, CONTAIN) of each launch, then runs it."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.append((grid[0], kwargs["CONTAIN"]))
-            return self.kernel[grid](*args, **kwargs)
-        return launch
-
-
 @pytest.mark.slow(20)
 @KERNELS_AND_SWITCHES
-def test_bad_value_in_a_row_of_many_token_ranges(impl, options, monkeypatch):
+def test_bad_value_in_a_row_of_many_token_ranges(impl, options):
     """A NaN at token 5 sits in block 0, which all 300 tokens of the first sequence select: its
     CSR row spans several programs' token ranges, and the containing launch (one program per
     row and head program) walks them all. That launch's grid is the plain paper grid's divided by
@@ -458,13 +445,18 @@ def test_bad_value_in_a_row_of_many_token_ranges(impl, options, monkeypatch):
     blk = torch.cat([_own_and_first_blocks(300, bs), _own_and_first_blocks(20, bs)])
     expected = _reach(reference.selected_attention(q, k, v, blk, cu, bs)[0])
     assert expected == list(range(5, 300))
-    recorder = _RecordedLaunches(fsa._partial_kernel)
-    monkeypatch.setattr(fsa, "_partial_kernel", recorder)
-    assert _reach(_selected(impl, options, q, k, v, blk, cu, bs)) == expected
+    launches = []  # (programs, CONTAIN) of each _partial_kernel launch
+
+    def record(kernel, args, kwargs):
+        if kernel.__name__ == "_partial_kernel":
+            launches.append((kwargs["grid"][0], kwargs["CONTAIN"]))
+
+    with LaunchCounter(on_triton_launch=record):
+        assert _reach(_selected(impl, options, q, k, v, blk, cu, bs)) == expected
     if impl == "nsa":
         return
-    plain = [grid for grid, contain in recorder.launches if not contain]
-    contained = [grid for grid, contain in recorder.launches if contain]
+    plain = [grid for grid, contain in launches if not contain]
+    contained = [grid for grid, contain in launches if contain]
     assert len(contained) == 1  # PAPER or FAST; STATS and the merge contain nothing
     if impl == "fsa_paper":  # the paper's flat grid has >= 3 token ranges of 128 (64) tokens for 320 tokens
         assert contained[0] * 3 <= max(plain)

@@ -57,3 +57,18 @@ def test_variant_function_and_two_loops(tmp_path):
     assert "fsa_dkdv:_dkdv_variant G=5" in out.stdout, out.stdout
     loops = re.findall(r"loop (\d) (\d+) instructions per thread and tile \((\d+) per", out.stdout)
     assert [n for n, _, _ in loops] == ["1", "2"] and all(int(k) > 100 for _, k, _ in loops), out.stdout
+
+
+def test_same_as_tells_an_equal_kernel_from_a_changed_one(tmp_path):
+    """--same-as: the tree's module against a copy of itself is identical; against a copy whose
+    plain tiles scale the scores differently, it differs."""
+    tree = (Path(__file__).resolve().parents[1] / "src/fsalab/ops/selection/fsa_partials.py").read_text()
+    copy, changed = tmp_path / "same.py", tmp_path / "changed.py"
+    copy.write_text(tree)
+    old = "s = tl.dot(q_t, tl.trans(k_blk), input_precision=PREC) * qk_scale"
+    assert tree.count(old) == 1, "the tile's score line moved: update this test"
+    changed.write_text(tree.replace(old, old + " * 0.5"))
+    for other, word in ((copy, "identical to"), (changed, "differs from")):
+        out = _run("--kernel", "fsa_partial", "--config", "4,128,4", "--same-as", str(other))
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"whole SASS {word} {other}'s" in out.stdout, out.stdout

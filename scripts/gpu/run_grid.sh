@@ -22,8 +22,8 @@ esac
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export FSALAB_DISPATCH_CACHE="$PWD/results/dispatch-cache.json"
 # Compiled kernels in an ignored folder of the checkout, which the device machine keeps between
-# calls while it stays warm: a second call of a session skips the first's Triton compiles (the
-# compile experiment gives each point a fresh cache of its own regardless).
+# calls while it stays warm, so a second call of a session can reuse the first's Triton builds
+# (the compile experiment gives each point a fresh cache of its own regardless).
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/.cache/triton}"
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" results

@@ -126,35 +126,17 @@ def _partial_kernel(
     branch between the two inside one launch, or flag checks in every tile, cost up to 1.5x:
     docs/perf-log.md). The containing launch runs one program per (row, head program) that walks
     all of its row's token ranges itself: its grid is rows x HP, not the plain grid (the paper's
-    flat grid has ~1000x more programs, and launching them only to return cost 1.2-1.6x of the
-    paper kernel's forward). A flagged row is then one program's serial work, which only a
-    non-finite value pays for."""
+    flat grid is ceil(total / (TOK * NUM_MT)) times larger, 128x at 64K and 1024x without the
+    inner loop: 2.1M and 16.8M programs at g = 4). A flagged row is then one program's serial
+    work, which only a non-finite value pays for."""
     pid = tl.program_id(0)
-    if CONTAIN:
+    if CONTAIN:  # grid rows x HP: the program's row, from its first token range on
         r = r_begin + pid // HP
         if tl.load(v_bad_rows + r) == 0:
             return
+        sub = 0
         jp = (pid % HP) * G
-        hk = r // cap
-        gb = r - hk * cap
-        p_row = tl.load(row_ptr + r)
-        row_len = tl.load(row_ptr + r + 1) - p_row
-        end = row_len
-        if not EARLY_RETURN:
-            end = tl.where(tl.load(blk_local + gb) == 0, row_len, tl.load(max_rest))
-        base = tl.load(row_ptr + r_begin)
-        kb = tl.load(blk_start + gb)
-        kl = tl.load(blk_len + gb)
-        for sub in range(0, tl.cdiv(end, TOK * NUM_MT)):
-            c0 = sub * (TOK * NUM_MT)
-            n_mt = NUM_MT
-            if EARLY_RETURN:
-                n_mt = tl.minimum(tl.cdiv(row_len - c0, TOK), NUM_MT)
-            _partial_tiles(q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c0, n_mt, base, kb, kl,
-                           hk, jp, stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale,
-                           sm_scale, G, TOK, BLOCK_M, BLOCK_N, NUM_KT, D, MODE, PREC, CONTAIN)
-        return
-    if TABLE:
+    elif TABLE:
         r, sub, ok = _work_item(pid, first, item_row, item_sub, r_begin, r_end)
         if ok == 0:
             return
@@ -172,8 +154,9 @@ def _partial_kernel(
     if EARLY_RETURN:
         if c0 >= row_len:
             return
+        end = row_len
         n_mt = tl.minimum(tl.cdiv(row_len - c0, TOK), NUM_MT)
-    else:
+    else:  # every program up to the longest non-sink row runs NUM_MT tiles (the sink: its own row)
         end = tl.where(tl.load(blk_local + gb) == 0, row_len, tl.load(max_rest))
         if c0 >= end:
             return
@@ -181,9 +164,20 @@ def _partial_kernel(
     base = tl.load(row_ptr + r_begin)
     kb = tl.load(blk_start + gb)
     kl = tl.load(blk_len + gb)
-    _partial_tiles(q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c0, n_mt, base, kb, kl, hk, jp,
-                   stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale, sm_scale,
-                   G, TOK, BLOCK_M, BLOCK_N, NUM_KT, D, MODE, PREC, CONTAIN)
+    # Two call sites on purpose: one call under a one-trip loop changed the plain kernel's
+    # register allocation at g = 8 (scripts/sass_loop_count.py --same-as); this way the plain
+    # kernels build to the SASS they had before the containing launch walked its rows.
+    if CONTAIN:  # every token range of the row, in turn
+        for c in range(0, end, TOK * NUM_MT):
+            if EARLY_RETURN:
+                n_mt = tl.minimum(tl.cdiv(row_len - c, TOK), NUM_MT)
+            _partial_tiles(q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c, n_mt, base, kb, kl,
+                           hk, jp, stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale,
+                           sm_scale, G, TOK, BLOCK_M, BLOCK_N, NUM_KT, D, MODE, PREC, CONTAIN)
+    else:
+        _partial_tiles(q, k, v, do, lse, delta, obuf, lbuf, token_ids, p_row, row_len, c0, n_mt, base, kb, kl, hk, jp,
+                       stride_qt, stride_qh, stride_kt, stride_kh, stride_lt, g, j0, Gc, d, qk_scale, sm_scale,
+                       G, TOK, BLOCK_M, BLOCK_N, NUM_KT, D, MODE, PREC, CONTAIN)
 
 
 @triton.jit

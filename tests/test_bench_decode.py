@@ -115,3 +115,25 @@ def test_generate_depth_estimate_and_first_layers():
     ran.clear()
     lm(ids)
     assert ran == [0, 1, 2, 3]
+
+
+def test_generate_full_depth_columns():
+    """A whole model is measured; a slice is extended from its two depths' medians, with the
+    range of the estimates of each back-to-back pair of samples beside it; a slice no slower than
+    its half gives no estimate; batch 1 of the generate experiment runs whole models."""
+    point = {"model": "qwen3-14b", "dtype": "bfloat16", "batch": 2, "N": 1024, "steps": 11}
+    whole = decode._full_depth({"median_ms": 50.0, "prefill_ms": 10.0}, point, {40: ([50.0], [10.0])}, (40,), 40)
+    assert whole["full_depth_kind"] == "measured" and whole["full_depth_ms"] == 50.0
+    assert whole["full_depth_step_ms"] == pytest.approx(4.0) and "full_depth_ms_low" not in whole
+    assert whole["full_depth_tokens_per_s"] == pytest.approx(2 * 11 / 0.05)
+    samples = {2: ([10.0, 12.0, 11.0], [4.0, 4.0, 4.0]), 4: ([16.0, 15.0, 17.0], [6.0, 6.0, 6.0])}
+    row = {"median_ms": 16.0, "prefill_ms": 6.0}
+    est = decode._full_depth(row, point, samples, (2, 4), 40)
+    assert est["full_depth_kind"].startswith("estimate") and est["half_median_ms"] == 11.0
+    assert est["full_depth_ms"] == pytest.approx(16.0 + 36 * 2.5)
+    pairs = [16.0 + 36 * 3.0, 15.0 + 36 * 1.5, 17.0 + 36 * 3.0]
+    assert (est["full_depth_ms_low"], est["full_depth_ms_high"]) == pytest.approx((min(pairs), max(pairs)))
+    flat = decode._full_depth({"median_ms": 11.0, "prefill_ms": 6.0}, point, samples, (2, 4), 40)
+    assert flat["full_depth_kind"].startswith("none") and "full_depth_ms" not in flat
+    batch1 = [p for p in grid.expand(grid.load_experiment("generate")) if p["batch"] == 1]
+    assert batch1 and all(p["layers"] == 0 and "-Lfull-" in p["id"] for p in batch1)

@@ -8,9 +8,17 @@
 # under Nsight Compute (fsalab bench-dram), compile times first calls (fsalab bench-compile), versus times groups side by side (fsalab
 # bench-versus; the filter picks groups), decode, inference and generate run decode steps (fsalab
 # bench-decode), every other experiment is kernel-level timing (fsalab bench-kernel).
+# DEADLINE (epoch seconds), when set, caps the budget so that this grid is packed 20 s before it:
+# a device call running several grids sets it once, and a call killed at its limit loses nothing
+# packed (rows finished after the last pack are lost with it).
 set -uo pipefail
 exp=$1 filter=$2 budget=$3
 shift 3
+if [ -n "${DEADLINE:-}" ]; then
+  left=$((DEADLINE - $(date +%s) - 20))
+  [ "$left" -lt "$budget" ] && budget=$left
+  if [ "$budget" -le 0 ]; then echo "run_grid $exp: no time left before DEADLINE" >&2; exit 0; fi
+fi
 case $exp in
   train|prefill|convergence) runner=bench-$exp ;;
   dram) runner=bench-dram ;;

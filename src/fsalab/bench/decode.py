@@ -425,7 +425,8 @@ def _inference_memory_floor(p: dict) -> int:
 
 def _full_depth(row: dict, p: dict, samples: dict, depths: tuple[int, ...], l_full: int) -> dict:
     """The full-depth columns: measured where the slice is the whole model, else estimated from
-    the half- and whole-slice medians (``_depth_estimate``), labelled in ``full_depth_kind``."""
+    the half- and whole-slice medians (``_depth_estimate``), labelled in ``full_depth_kind``,
+    with the range of the per-pair estimates (``full_depth_ms_low`` / ``_high``)."""
     out = {"full_depth_layers": l_full}
     if depths[-1] == l_full:
         whole_ms, prefill_ms, kind = row["median_ms"], row["prefill_ms"], "measured"
@@ -440,8 +441,14 @@ def _full_depth(row: dict, p: dict, samples: dict, depths: tuple[int, ...], l_fu
             return {**out, "full_depth_kind": f"none: the {l}-layer slice was not slower than the {l_half}-layer one"}
         whole_ms = _depth_estimate(half, row["median_ms"], l_half, l, l_full)
         prefill_ms = _depth_estimate(half_prefill, row["prefill_ms"], l_half, l, l_full)
+        # The slope is a difference of two host-bound wall times, extended up to 30x: each pair of
+        # samples timed back to back gives an estimate of its own, and their range shows how far
+        # the medians' estimate can be trusted (at batch 1 the pairs disagree widely: perf-log).
+        paired = [_depth_estimate(a, b, l_half, l, l_full) for a, b in zip(samples[l_half][0], samples[l][0])]
+        out.update(full_depth_ms_low=min(paired), full_depth_ms_high=max(paired))
         kind = (f"estimate: linear in depth from the {l_half}- and {l}-layer slices of this point "
-                f"(same weights, timed alternately), request and one-token request apart")
+                f"(same weights, timed alternately), request and one-token request apart; "
+                f"full_depth_ms_low/high: the range of the estimates from each pair of samples")
     out.update(full_depth_ms=whole_ms, full_depth_prefill_ms=prefill_ms, full_depth_kind=kind,
                full_depth_tokens_per_s=p["batch"] * p["steps"] / (whole_ms * 1e-3),
                full_depth_floor_gib=_inference_memory_floor(p) / 2**30)

@@ -38,7 +38,8 @@ def expand_points(exp: dict) -> list[dict]:
                 raise ValueError(f"{where}: point {raw} lacks N")
             p["experiment"] = exp["experiment"]
             # generate's heads come from its model; the others' from h_kv, g, d
-            shape = f"{p['model']}-L{p['layers']}" if p["op"] == "generate" else f"hkv{p['h_kv']}-g{p['g']}-d{p['d']}"
+            layers = "full" if p["layers"] in (None, 0) else p["layers"]
+            shape = f"{p['model']}-L{layers}" if p["op"] == "generate" else f"hkv{p['h_kv']}-g{p['g']}-d{p['d']}"
             p["id"] = (f"{p['op'].replace('_', '')}-{p['impl'].replace('_', '')}-N{p['N']}-b{p['batch']}-{shape}"
                        f"-B{p['block_size']}-T{p['topk']}-s{p['steps']}-{DTYPE_TAGS[p['dtype']]}-{point_hash(p)}")
             if p["id"] not in seen:

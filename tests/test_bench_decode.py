@@ -137,3 +137,26 @@ def test_generate_full_depth_columns():
     assert flat["full_depth_kind"].startswith("none") and "full_depth_ms" not in flat
     batch1 = [p for p in grid.expand(grid.load_experiment("generate")) if p["batch"] == 1]
     assert batch1 and all(p["layers"] == 0 and "-Lfull-" in p["id"] for p in batch1)
+
+
+def test_depth_pairs_script_recomputes_the_stored_estimates():
+    """scripts/generate_depth_pairs.py rebuilds a row's full-depth columns from the samples the
+    row keeps: on the committed H200 rows, equal to those the runner wrote, plus the pairs'
+    range, inside which the medians' estimate lies."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts/generate_depth_pairs.py"
+    spec = importlib.util.spec_from_file_location("generate_depth_pairs", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rows = [r for r in results.load_rows("h200", "generate", path.parents[1] / "results")
+            if r["status"] == "ok" and str(r.get("full_depth_kind", "")).startswith("estimate")]
+    assert rows
+    for row in rows:
+        again = script.full_depth(row)
+        for key in ("full_depth_ms", "full_depth_prefill_ms", "full_depth_tokens_per_s", "full_depth_step_ms"):
+            assert again[key] == pytest.approx(row[key], rel=1e-12), key
+        assert again["full_depth_tokens_per_s_low"] <= again["full_depth_tokens_per_s_high"]
+        assert again["full_depth_ms_low"] <= again["full_depth_ms"] * (1 + 1e-12)
+        assert again["full_depth_ms"] <= again["full_depth_ms_high"] * (1 + 1e-12)

@@ -426,8 +426,14 @@ def _inference_memory_floor(p: dict) -> int:
 def _full_depth(row: dict, p: dict, samples: dict, depths: tuple[int, ...], l_full: int) -> dict:
     """The full-depth columns: measured where the slice is the whole model, else estimated from
     the half- and whole-slice medians (``_depth_estimate``), labelled in ``full_depth_kind``,
-    with the range of the per-pair estimates (``full_depth_ms_low`` / ``_high``)."""
+    with the range of the per-pair estimates (``full_depth_ms_low`` / ``_high``, and as tokens/s).
+    ``samples``: depth -> (request samples, one-token samples), ms; the rows keep them, so
+    scripts/generate_depth_pairs.py recomputes these columns from a row."""
     out = {"full_depth_layers": l_full}
+
+    def tokens_per_s(ms: float) -> float:
+        return p["batch"] * p["steps"] / (ms * 1e-3)
+
     if depths[-1] == l_full:
         whole_ms, prefill_ms, kind = row["median_ms"], row["prefill_ms"], "measured"
     elif len(depths) == 1:
@@ -445,13 +451,14 @@ def _full_depth(row: dict, p: dict, samples: dict, depths: tuple[int, ...], l_fu
         # samples timed back to back gives an estimate of its own, and their range shows how far
         # the medians' estimate can be trusted (at batch 1 the pairs disagree widely: perf-log).
         paired = [_depth_estimate(a, b, l_half, l, l_full) for a, b in zip(samples[l_half][0], samples[l][0])]
-        out.update(full_depth_ms_low=min(paired), full_depth_ms_high=max(paired))
+        out.update(full_depth_ms_low=min(paired), full_depth_ms_high=max(paired),
+                   full_depth_tokens_per_s_low=tokens_per_s(max(paired)),
+                   full_depth_tokens_per_s_high=tokens_per_s(min(paired)))
         kind = (f"estimate: linear in depth from the {l_half}- and {l}-layer slices of this point "
                 f"(same weights, timed alternately), request and one-token request apart; "
-                f"full_depth_ms_low/high: the range of the estimates from each pair of samples")
+                f"full_depth_*_low/high: the range of the estimates from each pair of samples")
     out.update(full_depth_ms=whole_ms, full_depth_prefill_ms=prefill_ms, full_depth_kind=kind,
-               full_depth_tokens_per_s=p["batch"] * p["steps"] / (whole_ms * 1e-3),
-               full_depth_floor_gib=_inference_memory_floor(p) / 2**30)
+               full_depth_tokens_per_s=tokens_per_s(whole_ms), full_depth_floor_gib=_inference_memory_floor(p) / 2**30)
     if p["steps"] > 1:
         out["full_depth_step_ms"] = (whole_ms - prefill_ms) / (p["steps"] - 1)
     return out

@@ -2,8 +2,10 @@
 instructions of its main loop (the largest loop body), by opcode, for each tile config. Triton's
 own ptxas and cuobjdump do the work. Kernels:
 
-- ``select``: block_select's ``_select_kernel``; the loop is the score loop, counted per thread
-  and chunk of 16 blocks, and per token over all threads.
+- ``select``: block_select's ``_select_kernel``; the loops are the score loop's bodies (with
+  masks, at the sequence's start and the tile's diagonal, and without, for the chunks in
+  between: ``--loops 2``), counted per thread and chunk of 16 blocks, and per token over all
+  threads.
 - ``fsa_partial``: FSA's forward ``_partial_kernel`` in its FAST mode (work list, no containment
   pass), and ``fsa_dkdv``: the fused backward's ``_dkdv_kernel`` (dK/dV and the dq partials);
   the loop is one tile of TOK tokens x G heads (the backward: of one power-of-two part of the

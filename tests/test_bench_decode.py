@@ -120,7 +120,8 @@ def test_generate_depth_estimate_and_first_layers():
 def test_generate_full_depth_columns():
     """A whole model is measured; a slice is extended from its two depths' medians, with the
     range of the estimates of each back-to-back pair of samples beside it; a slice no slower than
-    its half gives no estimate; batch 1 of the generate experiment runs whole models."""
+    its half gives no estimate, and a slice with a measured peak estimates the whole model's; the
+generate experiment runs whole models at batch 1 and where batch 8 fits."""
     point = {"model": "qwen3-14b", "dtype": "bfloat16", "batch": 2, "N": 1024, "steps": 11}
     whole = decode._full_depth({"median_ms": 50.0, "prefill_ms": 10.0}, point, {40: ([50.0], [10.0])}, (40,), 40)
     assert whole["full_depth_kind"] == "measured" and whole["full_depth_ms"] == 50.0
@@ -130,13 +131,24 @@ def test_generate_full_depth_columns():
     row = {"median_ms": 16.0, "prefill_ms": 6.0}
     est = decode._full_depth(row, point, samples, (2, 4), 40)
     assert est["full_depth_kind"].startswith("estimate") and est["half_median_ms"] == 11.0
+    assert "full_depth_peak_gib" not in est  # no measured peak (CPU), no estimate of it
+    # Qwen3-14B in bf16: 330 312 064 weights a decoder layer, K/V of 2 x 1035 tokens x 8 heads x 128
+    layer = (330_312_064 + 2 * 1035 * 8 * 128 * 2) * 2
+    assert decode._model_bytes(point) == (2 * 151936 * 5120 * 2, layer)
+    peaked = decode._full_depth({**row, "peak_mem_gib": 5.0}, point, samples, (2, 4), 40)
+    assert peaked["full_depth_peak_gib"] == pytest.approx(5.0 + 36 * layer / 2**30)
     assert est["full_depth_ms"] == pytest.approx(16.0 + 36 * 2.5)
     pairs = [16.0 + 36 * 3.0, 15.0 + 36 * 1.5, 17.0 + 36 * 3.0]
     assert (est["full_depth_ms_low"], est["full_depth_ms_high"]) == pytest.approx((min(pairs), max(pairs)))
     flat = decode._full_depth({"median_ms": 11.0, "prefill_ms": 6.0}, point, samples, (2, 4), 40)
     assert flat["full_depth_kind"].startswith("none") and "full_depth_ms" not in flat
-    batch1 = [p for p in grid.expand(grid.load_experiment("generate")) if p["batch"] == 1]
-    assert batch1 and all(p["layers"] == 0 and "-Lfull-" in p["id"] for p in batch1)
+    points = grid.expand(grid.load_experiment("generate"))
+    whole = {(p["model"], p["N"], p["batch"]) for p in points if p["layers"] == 0}
+    assert all("-Lfull-" in p["id"] for p in points if p["layers"] == 0)
+    assert {(p["model"], p["N"], p["batch"]) for p in points if p["batch"] == 1} <= whole
+    # batch 8 whole where the 4-layer slices' peaks put the whole model under 139 GiB (perf-log)
+    assert {(m, n) for m, n, b in whole if b == 8} == {("llama3-8b", 32768), ("qwen3-14b", 32768)}
+    assert all(p["layers"] == 4 for p in points if (p["model"], p["N"], p["batch"]) not in whole)
 
 
 def test_depth_pairs_script_recomputes_the_stored_estimates():

@@ -217,6 +217,21 @@ def test_select_blocks_with_longer_chunks(gen, monkeypatch):
     check_selection(got, reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg), scores, cu, cfg)
 
 
+@pytest.mark.parametrize("g,dtype", [(1, torch.float32), (2, torch.float32), (3, torch.float16)])
+def test_select_blocks_unmasked_chunks(g, dtype, gen):
+    """Chunks that a whole tile sees, with no forced or future block, run without masks; heads
+    that see nothing (lse = -inf; here one head of every 97th token) must still add nothing there. r = 2, T_P = 4: chunks of 8
+    blocks (128 tokens); a 64-token tile from token 320 on has such chunks (2 of 9 chunks at its
+    start, 7 of 10 near the end of the 1200-token sequence)."""
+    cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=4)
+    lengths = [1200, 301, 5]
+    q, k_cmp, lse, cu, cu_cmp = selection_inputs(lengths, 1, g, 32, cfg, dtype, gen)
+    lse[500::97, 0] = float("-inf")
+    got = select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
+    scores = reference.block_scores(q.double(), k_cmp.double(), lse.double(), cu, cu_cmp, cfg)
+    check_selection(got, reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg), scores, cu, cfg)
+
+
 @pytest.mark.parametrize("g,cfg", [(1, NSAConfig(topk=5)), (3, NSAConfig(kernel_size=16, kernel_stride=8, block_size=32, topk=6, init_blocks=2))])
 def test_select_blocks_ties_go_to_the_lower_block(g, cfg, gen):
     """q = 0 and lse = 0 make every visible p exactly 1: all full interior blocks tie exactly."""

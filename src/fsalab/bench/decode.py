@@ -398,6 +398,8 @@ def _run_generate(p, exp, device, dtype, row):
     row["check"] = {"status": "pass", "what": f"{p['steps']} tokens generated"}
     row.update(_summary(request))
     row["samples_ms"] = request
+    if device.type == "cuda":
+        row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     row["tokens_per_s"] = p["batch"] * p["steps"] / (row["median_ms"] * 1e-3)
     row["prefill_ms"] = _summary(prefill)["median_ms"]
     row["prefill_samples_ms"] = prefill
@@ -410,6 +412,20 @@ def _run_generate(p, exp, device, dtype, row):
     row["timing"] = {"method": "wallclock", "repeats": len(request), "decode_graphs": graphs}
 
 
+def _model_bytes(p: dict) -> tuple[int, int]:
+    """(bytes outside the decoder layers, bytes of one decoder layer) of the published model in the
+    point's dtype: the embedding and LM head; one layer's weights and its raw K/V cache for batch x
+    (N + steps) tokens. Activations and NSA's compressed cache are left out."""
+    from ..models.configs import get_spec
+
+    spec = get_spec(p["model"])
+    size = torch.empty((), dtype=DTYPES[p["dtype"]]).element_size()
+    config = spec.config
+    outside = config["vocab_size"] * config["hidden_size"] * (1 if config.get("tie_word_embeddings") else 2)
+    kv = p["batch"] * (p["N"] + p["steps"]) * spec.num_kv_heads * spec.head_dim * 2
+    return outside * size, ((spec.num_params - outside) // spec.num_layers + kv) * size
+
+
 def _inference_memory_floor(p: dict) -> int:
     """A lower bound (bytes) on a full-depth generate of the published model: its weights and
     the raw K/V cache of every layer for batch x (N + steps) tokens, in the point's dtype. It
@@ -417,10 +433,8 @@ def _inference_memory_floor(p: dict) -> int:
     and NSA's compressed cache, so a point above the GPU's memory cannot run whole there."""
     from ..models.configs import get_spec
 
-    spec = get_spec(p["model"])
-    size = torch.empty((), dtype=DTYPES[p["dtype"]]).element_size()
-    kv = spec.num_layers * p["batch"] * (p["N"] + p["steps"]) * spec.num_kv_heads * spec.head_dim * 2 * size
-    return spec.num_params * size + kv
+    outside, layer = _model_bytes(p)
+    return outside + get_spec(p["model"]).num_layers * layer
 
 
 def _full_depth(row: dict, p: dict, samples: dict, depths: tuple[int, ...], l_full: int) -> dict:
@@ -454,6 +468,10 @@ def _full_depth(row: dict, p: dict, samples: dict, depths: tuple[int, ...], l_fu
         out.update(full_depth_ms_low=min(paired), full_depth_ms_high=max(paired),
                    full_depth_tokens_per_s_low=tokens_per_s(max(paired)),
                    full_depth_tokens_per_s_high=tokens_per_s(min(paired)))
+        if row.get("peak_mem_gib") is not None:
+            # The slice's peak already holds a layer's transient activations; the layers it left out
+            # add their weights and K/V cache: whether the whole model would fit this GPU.
+            out["full_depth_peak_gib"] = row["peak_mem_gib"] + (l_full - l) * _model_bytes(p)[1] / 2**30
         kind = (f"estimate: linear in depth from the {l_half}- and {l}-layer slices of this point "
                 f"(same weights, timed alternately), request and one-token request apart; "
                 f"full_depth_*_low/high: the range of the estimates from each pair of samples")

@@ -11,8 +11,9 @@ the chunk into a running top-T held in registers. Candidates are int32 keys (``_
 score rounded to 26 - KB mantissa bits, then ~block in KB bits, KB = the bit length of the
 token's own block), unique, so "larger key" is "larger score, then lower block" (the reference's
 stable tie rule, with scores closer than the rounding counted as tied); the merge is branch-free
-(``_merge_topk``). Nothing of size N x N/s or N x N/B is ever stored: memory is the
-[total, h_kv, T] output.
+(``_merge_topk``). The chunks that every row of the tile sees whole and that hold no forced or
+future block run the loop body without its masks (``_merge_chunk``). Nothing of size N x N/s or
+N x N/B is ever stored: memory is the [total, h_kv, T] output.
 """
 
 from __future__ import annotations
@@ -115,8 +116,10 @@ def _merge_topk(run, cand, T_P: tl.constexpr):
 @triton.jit
 def _select_rows(q_ptr, lse_ptr, start, n, t0, head0, n_heads, s_qt, s_qh, s_lt, s_lh, dd, d_ok,
                  BLOCK_T: tl.constexpr, GP: tl.constexpr):
-    """q [BLOCK_T * GP, D_PAD], lse in log2 units and the live mask of heads head0 .. head0 + n_heads
-    of the tile's tokens, GP rows per token (rows past n_heads idle); dead rows see nothing."""
+    """q [BLOCK_T * GP, D_PAD] and lse in log2 units of heads head0 .. head0 + n_heads of the tile's
+    tokens, GP rows per token (rows past n_heads idle). Dead rows (idle, past the sequence, or
+    seeing no compressed token) get lse = +inf, so their p = exp2(q·k - lse) is 0 without a mask
+    (their q is 0 or finite)."""
     m = tl.arange(0, BLOCK_T * GP)
     row_tok = t0 + m // GP
     row_head = head0 + m % GP
@@ -125,7 +128,48 @@ def _select_rows(q_ptr, lse_ptr, start, n, t0, head0, n_heads, s_qt, s_qh, s_lt,
     q = tl.load(q_ptr + tok[:, None] * s_qt + row_head[:, None] * s_qh + dd[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     lse = tl.load(lse_ptr + tok * s_lt + row_head * s_lh, mask=row_ok, other=float("-inf")).to(tl.float32)
     live = row_ok & (lse > float("-inf"))  # heads that see nothing contribute p = 0
-    return q, tl.where(live, lse * LOG2E_C, 0.0), live
+    return q, tl.where(live, lse * LOG2E_C, float("inf"))
+
+
+@triton.jit
+def _merge_chunk(ch, run, carry, q, lse2, q_lo, lse2_lo, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh, dd, d_ok, qk_scale,
+                 t_ok, n_vis, own, kb, w_own, w_spill, bb, prev,
+                 G_HI: tl.constexpr, G_LO_P: tl.constexpr, BLOCK_T: tl.constexpr, BB: tl.constexpr, R: tl.constexpr,
+                 INIT: tl.constexpr, LOCAL: tl.constexpr, T_P: tl.constexpr, DOT_PREC: tl.constexpr,
+                 MASKED: tl.constexpr):
+    """Chunk ch (blocks ch*BB .. ch*BB + BB - 1) of the score loop: p over its BB * R compressed
+    tokens, summed over the group's heads, mapped to block scores by the overlap stencil (the spill
+    of the previous chunk's last block comes in as ``carry``), keyed and merged into the rows'
+    running top-T ``run``; returns (run, carry). MASKED=False drops the masks that only chunks at
+    the sequence's start or the tile's diagonal need (visibility, forced and future blocks): the
+    caller runs it where every row of the tile sees the whole chunk and no block in it is forced."""
+    BLOCK_C: tl.constexpr = BB * R
+    jj = ch * BLOCK_C + tl.arange(0, BLOCK_C)
+    k_ptrs = kc_ptr + (c_start + jj).to(tl.int64)[None, :] * s_kt + kvh * s_kh + dd[:, None]
+    if MASKED:
+        kt = tl.load(k_ptrs, mask=(jj < n_cmp)[None, :] & d_ok[:, None], other=0.0)
+    else:
+        kt = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+    p = tl.exp2(tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale - lse2[:, None])  # dead rows: lse2 = +inf
+    ps = tl.sum(tl.reshape(p, (BLOCK_T, G_HI, BLOCK_C)), axis=1)
+    if G_LO_P > 0:
+        p_lo = tl.exp2(tl.dot(q_lo, kt, input_precision=DOT_PREC) * qk_scale - lse2_lo[:, None])
+        ps += tl.sum(tl.reshape(p_lo, (BLOCK_T, G_LO_P, BLOCK_C)), axis=1)
+    if MASKED:
+        ps = tl.where(t_ok[:, None] & (jj[None, :] < n_vis[:, None]), ps, 0.0)
+    p3 = tl.reshape(ps, (BLOCK_T, BB, R))
+    own_part = tl.sum(p3 * w_own[None, None, :], axis=2)
+    spill = tl.sum(p3 * w_spill[None, None, :], axis=2)
+    score = own_part + tl.where(bb[None, :] == 0, carry[:, None], tl.gather(spill, prev, axis=1))
+    carry = tl.sum(tl.where(bb[None, :] == BB - 1, spill, 0.0), axis=1)
+    blk = ch * BB + bb[None, :]
+    if MASKED:
+        forced = (blk < INIT) | (blk > own[:, None] - LOCAL)
+        score = tl.where(forced, float("inf"), score)
+        key = tl.where(t_ok[:, None] & (blk <= own[:, None]), _block_key(score, blk, kb), _KEY_NONE)
+    else:
+        key = _block_key(score, blk, kb)
+    return _merge_topk(run, key, T_P), carry
 
 
 def _prune_select(configs, named_args, **kwargs):
@@ -196,11 +240,12 @@ def _select_kernel(
     # second, smaller product, so that g = 5 costs 5 rows per token instead of 8.
     dd = tl.arange(0, D_PAD)
     d_ok = dd < HEAD_DIM
-    q, lse2, live = _select_rows(q_ptr, lse_ptr, start, n, t0, kvh * G, G, s_qt, s_qh, s_lt, s_lh, dd, d_ok,
-                                 BLOCK_T, G_HI)
+    q, lse2 = _select_rows(q_ptr, lse_ptr, start, n, t0, kvh * G, G, s_qt, s_qh, s_lt, s_lh, dd, d_ok, BLOCK_T, G_HI)
     if G_LO_P > 0:
-        q_lo, lse2_lo, live_lo = _select_rows(q_ptr, lse_ptr, start, n, t0, kvh * G + G_HI, G - G_HI, s_qt, s_qh,
-                                              s_lt, s_lh, dd, d_ok, BLOCK_T, G_LO_P)
+        q_lo, lse2_lo = _select_rows(q_ptr, lse_ptr, start, n, t0, kvh * G + G_HI, G - G_HI, s_qt, s_qh, s_lt, s_lh,
+                                     dd, d_ok, BLOCK_T, G_LO_P)
+    else:  # unused
+        q_lo, lse2_lo = q, lse2
 
     i = tl.arange(0, R)
     w_own = tl.minimum(MP, R - i).to(tl.float32)  # cells of window bR+i inside block b
@@ -212,28 +257,26 @@ def _select_kernel(
     last_own = (tl.minimum(t0 + BLOCK_T, n) - 1) // BS
     n_chunks = tl.where(t0 < n, last_own // BB + 1, 0)
     carry = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for ch in range(n_chunks):
-        jj = ch * BLOCK_C + tl.arange(0, BLOCK_C)
-        kt = tl.load(kc_ptr + (c_start + jj).to(tl.int64)[None, :] * s_kt + kvh * s_kh + dd[:, None],
-                     mask=(jj < n_cmp)[None, :] & d_ok[:, None], other=0.0)
-        p = tl.exp2(tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale - lse2[:, None])
-        p = tl.where(live[:, None], p, 0.0)
-        ps = tl.sum(tl.reshape(p, (BLOCK_T, G_HI, BLOCK_C)), axis=1)
-        if G_LO_P > 0:
-            p_lo = tl.exp2(tl.dot(q_lo, kt, input_precision=DOT_PREC) * qk_scale - lse2_lo[:, None])
-            p_lo = tl.where(live_lo[:, None], p_lo, 0.0)
-            ps += tl.sum(tl.reshape(p_lo, (BLOCK_T, G_LO_P, BLOCK_C)), axis=1)
-        ps = tl.where(t_ok[:, None] & (jj[None, :] < n_vis[:, None]), ps, 0.0)
-        p3 = tl.reshape(ps, (BLOCK_T, BB, R))
-        own_part = tl.sum(p3 * w_own[None, None, :], axis=2)
-        spill = tl.sum(p3 * w_spill[None, None, :], axis=2)
-        score = own_part + tl.where(bb[None, :] == 0, carry[:, None], tl.gather(spill, prev, axis=1))
-        carry = tl.sum(tl.where(bb[None, :] == BB - 1, spill, 0.0), axis=1)
-        blk = ch * BB + bb[None, :]
-        forced = (blk < INIT) | (blk > own[:, None] - LOCAL)
-        score = tl.where(forced, float("inf"), score)
-        key = tl.where(t_ok[:, None] & (blk <= own[:, None]), _block_key(score, blk, kb), _KEY_NONE)
-        run = _merge_topk(run, key, T_P)
+    # Chunks that every row of the tile sees whole, holding neither a forced nor a future block,
+    # run the body without its masks (1/6 of its instructions, scripts/sass_loop_count.py):
+    # [head_end, bulk_end), between the init blocks' chunks and those of the tile's diagonal.
+    own0 = t0 // BS
+    n_vis0 = tl.where(t0 >= L - 1, (t0 - (L - 1)) // S + 1, 0)
+    head_end = tl.minimum((INIT + BB - 1) // BB, n_chunks)
+    bulk_end = tl.maximum(head_end, tl.minimum(tl.minimum(n_vis0 // BLOCK_C, tl.maximum(own0 - LOCAL + 1, 0) // BB),
+                                               n_chunks))
+    for ch in range(0, head_end):
+        run, carry = _merge_chunk(ch, run, carry, q, lse2, q_lo, lse2_lo, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh, dd,
+                                  d_ok, qk_scale, t_ok, n_vis, own, kb, w_own, w_spill, bb, prev,
+                                  G_HI, G_LO_P, BLOCK_T, BB, R, INIT, LOCAL, T_P, DOT_PREC, True)
+    for ch in range(head_end, bulk_end):
+        run, carry = _merge_chunk(ch, run, carry, q, lse2, q_lo, lse2_lo, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh, dd,
+                                  d_ok, qk_scale, t_ok, n_vis, own, kb, w_own, w_spill, bb, prev,
+                                  G_HI, G_LO_P, BLOCK_T, BB, R, INIT, LOCAL, T_P, DOT_PREC, False)
+    for ch in range(bulk_end, n_chunks):
+        run, carry = _merge_chunk(ch, run, carry, q, lse2, q_lo, lse2_lo, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh, dd,
+                                  d_ok, qk_scale, t_ok, n_vis, own, kb, w_own, w_spill, bb, prev,
+                                  G_HI, G_LO_P, BLOCK_T, BB, R, INIT, LOCAL, T_P, DOT_PREC, True)
 
     _store_ascending(out_ptr + (start + pos).to(tl.int64)[:, None] * s_ot + kvh * s_oh, run, kb, t_ok[:, None],
                      TOPK, T_P)

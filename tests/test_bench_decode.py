@@ -121,7 +121,7 @@ def test_generate_full_depth_columns():
     """A whole model is measured; a slice is extended from its two depths' medians, with the
     range of the estimates of each back-to-back pair of samples beside it; a slice no slower than
     its half gives no estimate, and a slice with a measured peak estimates the whole model's; the
-generate experiment runs whole models at batch 1 and where batch 8 fits."""
+    generate experiment runs whole models at batch 1 and where batch 8 fits."""
     point = {"model": "qwen3-14b", "dtype": "bfloat16", "batch": 2, "N": 1024, "steps": 11}
     whole = decode._full_depth({"median_ms": 50.0, "prefill_ms": 10.0}, point, {40: ([50.0], [10.0])}, (40,), 40)
     assert whole["full_depth_kind"] == "measured" and whole["full_depth_ms"] == 50.0

@@ -220,9 +220,9 @@ def test_select_blocks_with_longer_chunks(gen, monkeypatch):
 @pytest.mark.parametrize("g,dtype", [(1, torch.float32), (2, torch.float32), (3, torch.float16)])
 def test_select_blocks_unmasked_chunks(g, dtype, gen):
     """Chunks that a whole tile sees, with no forced or future block, run without masks; heads
-    that see nothing (lse = -inf; here one head of every 97th token) must still add nothing there. r = 2, T_P = 4: chunks of 8
-    blocks (128 tokens); a 64-token tile from token 320 on has such chunks (2 of 9 chunks at its
-    start, 7 of 10 near the end of the 1200-token sequence)."""
+    that see nothing (lse = -inf; here one head of every 97th token) must still add nothing
+    there. r = 2, T_P = 4: chunks of 8 blocks (128 tokens); the 64-token tiles from token 320 on
+    have such chunks (1 of the tile's 3 there, 7 of 10 in the 1200-token sequence's last tile)."""
     cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=4)
     lengths = [1200, 301, 5]
     q, k_cmp, lse, cu, cu_cmp = selection_inputs(lengths, 1, g, 32, cfg, dtype, gen)

@@ -162,6 +162,14 @@ def sass(kernel: Kernel, module, g: int, block_m: int, warps: int, stages: int, 
     for n in names:  # arguments neither integers nor listed pointers: bf16 tensors (q, k, v, dO, outputs)
         if sig[n] == "i32" and n not in ints:
             sig[n] = "*bf16"
+    return build_sass(launch_source(ASTSource, jit, sig, const, ints), warps, stages)
+
+
+def launch_source(source_cls, jit, sig: dict, const: dict, ints: dict):
+    """``source_cls`` (Triton's ASTSource, or Gluon's) of ``jit`` with the integer arguments ``ints``
+    specialised as Triton's launcher does: a value of 1 becomes a constant, a multiple of 16 (and
+    every pointer) gets the divisibility hint. ``sig``: argument -> type ("constexpr" for ``const``'s)."""
+    names, sig, const = jit.arg_names, dict(sig), dict(const)
     hinted = {n for n in names if sig[n].startswith("*")}
     for name, value in ints.items():
         kind, spec = native_specialize_impl(BaseBackend, value, False, True, True)
@@ -170,9 +178,13 @@ def sass(kernel: Kernel, module, g: int, block_m: int, warps: int, stages: int, 
         elif spec == "D":
             hinted.add(name)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in hinted}
-    src = ASTSource(fn=jit, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": warps, "num_stages": stages}).asm["ptx"]
+    return source_cls(fn=jit, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
+
+
+def build_sass(src, warps: int, stages: int | None = None) -> tuple[str, str]:
+    """(ptxas -v report, cuobjdump -sass text) of a Triton or Gluon source built for sm_90a."""
+    options = {"num_warps": warps, **({} if stages is None else {"num_stages": stages})}
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         pathlib.Path(ptx_path).write_text(ptx)

@@ -1,0 +1,54 @@
+"""A/B of the selection kernel at g = 1: the tree's Triton select_blocks against the Gluon
+prototype (select_gluon.py: the top-T with a token's row in one thread). Selections compared
+(rows differing; they should be identical), then select_gluon checked against the reference on
+tests/test_gpu_compression.py's g = 1 cases, then both timed (do_bench medians, rounds in both
+orders) at 16K-128K, (64, 16), 4 KV heads, d = 128, bf16.
+Usage on the H200 (repo root): PYTHONPATH=src python results/h200/checks/gluon-select/ab_select_gluon.py out.json"""
+import json, os, sys
+import torch, triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, "tests")
+import select_gluon as sg
+from fsalab.bench.inputs import make_inputs
+from fsalab.config import NSAConfig
+from fsalab.ops import block_select, compression
+
+dev = torch.device("cuda")
+out = []
+for N in (65536, 16384, 131072):
+    p = {"N": N, "g": 1, "h_kv": 4, "d": 128, "batch": 1, "block_size": 64, "topk": 16, "dtype": "bfloat16",
+         "kernel_size": 32, "kernel_stride": 16, "init_blocks": 1, "local_blocks": 2, "window_size": 512, "seed": 0}
+    x = make_inputs(p, dev, need_indices=False)
+    t, cfg = x.tensors, x.cfg
+    k_cmp, v_cmp, cu_cmp = compression.compress_kv(t["k"], t["v"], t["w_k"], t["w_v"], t["pe"], x.cu_seqlens, cfg)
+    _, lse = compression.compressed_attention(t["q"], k_cmp, v_cmp, x.cu_seqlens, cu_cmp, cfg)
+    args = (t["q"], k_cmp, lse, x.cu_seqlens, cu_cmp, cfg)
+    fns = {"triton (tree)": lambda: block_select.select_blocks(*args), "gluon": lambda: sg.select_blocks_gluon(*args)}
+    try:
+        a, b = fns["triton (tree)"](), fns["gluon"]()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - the prototype may not run: say how
+        print(f"N{N}: gluon failed: {type(e).__name__}: {str(e)[:400]}", flush=True)
+        break
+    differ = int((a != b).any(-1).sum())
+    row = {"N": N, "rows": a.shape[0] * a.shape[1], "rows_differ": differ}
+    print(f"N{N} g1 (64,16): rows differing {differ} of {row['rows']}", flush=True)
+    samples = {}
+    for order in (list(fns), list(fns)[::-1]):
+        for name in order:
+            samples.setdefault(name, []).extend(triton.testing.do_bench(fns[name], warmup=100, rep=300, return_mode="all"))
+    row["ms"] = {n: sorted(s)[len(s) // 2] for n, s in samples.items()}
+    row["samples"] = samples
+    base = row["ms"]["triton (tree)"]
+    print("   " + "  ".join(f"{n} {v:.3f} ms ({v / base:.3f})" for n, v in row["ms"].items()), flush=True)
+    out.append(row)
+    json.dump(out, open(sys.argv[1], "w"), indent=1)
+
+import test_gpu_compression as tg
+tg.select_blocks = sg.select_blocks_gluon
+for lengths in (tg.VARLEN_8K, [32768]):
+    tg._check_select(lengths, 1, NSAConfig(block_size=64, topk=16), torch.bfloat16, 0, dev)
+tg._check_select([131072], 1, NSAConfig(block_size=64, topk=16), torch.bfloat16, 0, dev, 8192)
+print("select_gluon against the reference (tests/test_gpu_compression.py's g = 1 cases, 8K varlen, 32K, 128K): passed",
+      flush=True)

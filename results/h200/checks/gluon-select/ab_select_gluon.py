@@ -16,6 +16,24 @@ from fsalab.ops import block_select, compression
 
 dev = torch.device("cuda")
 out = []
+# First a small packed batch against the tree's kernel, printing the first differing row, so a
+# wrong prototype shows how it is wrong within seconds.
+import test_gpu_compression as tg
+gen = torch.Generator(device=dev).manual_seed(0)
+cfg0 = NSAConfig(block_size=64, topk=16)
+lengths0 = [3000, 17, 2100]
+cu0 = tg.cu_seqlens_of(lengths0, dev)
+q0 = torch.randn(sum(lengths0), 4, 128, generator=gen, device=dev).to(torch.bfloat16)
+k0 = torch.randn(sum(lengths0) // 16, 4, 128, generator=gen, device=dev).to(torch.bfloat16)
+cuc0 = tg.compressed_cu_seqlens(cu0, cfg0.kernel_size, cfg0.kernel_stride)
+_, lse0 = compression.compressed_attention(q0, k0, k0, cu0, cuc0, cfg0)
+want0 = block_select.select_blocks(q0, k0, lse0, cu0, cuc0, cfg0)
+got0 = sg.select_blocks_gluon(q0, k0, lse0, cu0, cuc0, cfg0)
+bad = (want0 != got0).any(-1).nonzero()
+print(f"small packed batch {lengths0}: rows differing {len(bad)} of {want0.shape[0] * want0.shape[1]}", flush=True)
+if len(bad):
+    t, h = bad[0].tolist()
+    print(f"  first: token {t}, KV head {h}: tree {want0[t, h].tolist()} gluon {got0[t, h].tolist()}", flush=True)
 for N in (65536, 16384, 131072):
     p = {"N": N, "g": 1, "h_kv": 4, "d": 128, "batch": 1, "block_size": 64, "topk": 16, "dtype": "bfloat16",
          "kernel_size": 32, "kernel_stride": 16, "init_blocks": 1, "local_blocks": 2, "window_size": 512, "seed": 0}
@@ -45,7 +63,6 @@ for N in (65536, 16384, 131072):
     out.append(row)
     json.dump(out, open(sys.argv[1], "w"), indent=1)
 
-import test_gpu_compression as tg
 tg.select_blocks = sg.select_blocks_gluon
 for lengths in (tg.VARLEN_8K, [32768]):
     tg._check_select(lengths, 1, NSAConfig(block_size=64, topk=16), torch.bfloat16, 0, dev)

@@ -2,7 +2,7 @@
 prototype (select_gluon.py: the top-T with a token's row in one thread). Selections compared
 (rows differing; they should be identical), then select_gluon checked against the reference on
 tests/test_gpu_compression.py's g = 1 cases, then both timed (do_bench medians, rounds in both
-orders) at 16K-128K, (64, 16), 4 KV heads, d = 128, bf16.
+orders) at 16K-128K, (64, 16) and (128, 8), 4 KV heads, d = 128, bf16.
 Usage on the H200 (repo root): PYTHONPATH=src python results/h200/checks/gluon-select/ab_select_gluon.py out.json"""
 import json, os, sys
 import torch, triton
@@ -34,8 +34,8 @@ print(f"small packed batch {lengths0}: rows differing {len(bad)} of {want0.shape
 if len(bad):
     t, h = bad[0].tolist()
     print(f"  first: token {t}, KV head {h}: tree {want0[t, h].tolist()} gluon {got0[t, h].tolist()}", flush=True)
-for N in (65536, 16384, 131072):
-    p = {"N": N, "g": 1, "h_kv": 4, "d": 128, "batch": 1, "block_size": 64, "topk": 16, "dtype": "bfloat16",
+for N, B, T in ((65536, 64, 16), (65536, 128, 8), (16384, 64, 16), (131072, 64, 16)):
+    p = {"N": N, "g": 1, "h_kv": 4, "d": 128, "batch": 1, "block_size": B, "topk": T, "dtype": "bfloat16",
          "kernel_size": 32, "kernel_stride": 16, "init_blocks": 1, "local_blocks": 2, "window_size": 512, "seed": 0}
     x = make_inputs(p, dev, need_indices=False)
     t, cfg = x.tensors, x.cfg
@@ -47,11 +47,11 @@ for N in (65536, 16384, 131072):
         a, b = fns["triton (tree)"](), fns["gluon"]()
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - the prototype may not run: say how
-        print(f"N{N}: gluon failed: {type(e).__name__}: {str(e)[:400]}", flush=True)
+        print(f"N{N} ({B},{T}): gluon failed: {type(e).__name__}: {str(e)[:400]}", flush=True)
         break
     differ = int((a != b).any(-1).sum())
-    row = {"N": N, "rows": a.shape[0] * a.shape[1], "rows_differ": differ}
-    print(f"N{N} g1 (64,16): rows differing {differ} of {row['rows']}", flush=True)
+    row = {"N": N, "B": B, "T": T, "rows": a.shape[0] * a.shape[1], "rows_differ": differ}
+    print(f"N{N} g1 ({B},{T}): rows differing {differ} of {row['rows']}", flush=True)
     samples = {}
     for order in (list(fns), list(fns)[::-1]):
         for name in order:

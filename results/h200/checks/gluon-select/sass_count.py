@@ -1,6 +1,6 @@
 """Static SASS (sm_90a, built on CPU; nothing runs) of select_gluon.select_kernel_gl at 64K's
-constexprs and a one-sequence launch's integer arguments: registers and the instructions of its
-loops per thread and chunk (128 tokens over 128 threads, so also per token); compare with
+constexprs ((64, 16) and (128, 8)) and a one-sequence launch's integer arguments: registers and
+the instructions of its loops per thread and chunk (128 tokens over 128 threads, so also per token); compare with
 `scripts/sass_loop_count.py --kernel select --loops 2` for the Triton kernel (per token: twice
 its per-thread count at g = 1, 64 tokens over 128 threads).
 
@@ -20,14 +20,18 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 import select_gluon  # noqa: E402
 
 D = 128
-const = dict(G=1, D=D, L=32, S=16, BS=64, TOPK=16, T_P=16, LOG=4, BB=16, INIT=1, LOCAL=2, BLOCK_T=128)
-ints = dict(batch=1, s_qt=4 * D, s_qh=D, s_kt=4 * D, s_kh=D, s_lt=4, s_lh=1, s_ot=64, s_oh=16)
+ints = dict(batch=1, s_qt=4 * D, s_qh=D, s_kt=4 * D, s_kh=D, s_lt=4, s_lh=1)
 pointers = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "lse_ptr": "*fp32", "cu_ptr": "*i32", "cuc_ptr": "*i32",
             "out_ptr": "*i32"}
 jit = select_gluon.select_kernel_gl
-sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n == "qk_scale" else "i32") for n in jit.arg_names}
-report, text = slc.build_sass(slc.launch_source(GluonASTSource, jit, sig, const, ints), 4)
-print(re.findall(r"Used \d+ registers.*", report))
-for i, body in enumerate(slc.loop_bodies(text, 3)):
-    top = ", ".join(f"{k} {v}" for k, v in sorted(body.items(), key=lambda kv: -kv[1])[:14])
-    print(f"loop {i + 1}: {sum(body.values())} per thread and chunk = per token (128 tokens / 128 threads): {top}")
+for bs, topk in ((64, 16), (128, 8)):
+    log = topk.bit_length() - 1
+    const = dict(G=1, D=D, L=32, S=16, BS=bs, TOPK=topk, T_P=topk, LOG=log, BB=topk, INIT=1, LOCAL=2, BLOCK_T=128)
+    sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n == "qk_scale" else "i32")
+           for n in jit.arg_names}
+    report, text = slc.build_sass(slc.launch_source(GluonASTSource, jit, sig, const,
+                                                    {**ints, "s_ot": 4 * topk, "s_oh": topk}), 4)
+    print(f"({bs}, {topk}):", re.findall(r"Used \d+ registers.*", report))
+    for i, body in enumerate(slc.loop_bodies(text, 2)):
+        top = ", ".join(f"{k} {v}" for k, v in sorted(body.items(), key=lambda kv: -kv[1])[:14])
+        print(f"  loop {i + 1}: {sum(body.values())} per thread and chunk = per token (128 tokens / 128 threads): {top}")

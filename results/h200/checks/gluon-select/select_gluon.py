@@ -1,6 +1,6 @@
 """Prototype: NSA's top-T block selection (ops/block_select.select_blocks) as a Gluon kernel whose
-top-T runs with one token's row in one thread (no shuffles in the bitonic network), for one power-
-of-two group size g = 1 and BB = T_P = 16 (the (64, 16) / (128, 8)... defaults at 64K: (64, 16)).
+top-T runs with one token's row in one thread (no shuffles in the bitonic network), for g = 1 and
+chunks of BB = T_P blocks (the paper's (64, 16) and (128, 8)).
 Same arithmetic and keys as the Triton kernel, so the selections should be identical; the A/B
 (ab_select_gluon.py) checks that on the H200 and times both.
 
@@ -79,30 +79,25 @@ def _merge_run(run, cand, ROWS: gl.constexpr, N: gl.constexpr, LOG: gl.constexpr
 
 
 @gluon.jit
-def _shift_one(x, carry, ROWS: gl.constexpr, N: gl.constexpr, LOG: gl.constexpr):
-    """y[:, b] = x[:, b - 1], y[:, 0] = carry: even elements of y are the odd of x shifted (the
-    same problem at half the length), odd elements the even of x; LOG levels of split/join."""
-    # Unrolled for N = 16 (LOG = 4): e_l, o_l the even/odd halves at each level.
-    gl.static_assert(LOG == 4)
-    e1, o1 = gl.split(gl.reshape(x, [ROWS, 8, 2]))
-    e2, o2 = gl.split(gl.reshape(o1, [ROWS, 4, 2]))
-    e3, o3 = gl.split(gl.reshape(o2, [ROWS, 2, 2]))
-    e4, o4 = gl.split(gl.reshape(o3, [ROWS, 1, 2]))
-    y4 = gl.convert_layout(gl.reshape(carry, [ROWS, 1]), e4.type.layout)        # shift of o3 (length 1)
-    y3 = gl.reshape(gl.join(y4, e4), [ROWS, 2])                                 # shift of o2
-    y2 = gl.reshape(gl.join(gl.convert_layout(y3, e3.type.layout), e3), [ROWS, 4])   # shift of o1
-    y1 = gl.reshape(gl.join(gl.convert_layout(y2, e2.type.layout), e2), [ROWS, 8])   # shift of x's odd
-    return gl.reshape(gl.join(gl.convert_layout(y1, e1.type.layout), e1), [ROWS, N])
+def _shift_one(x, carry, ROWS: gl.constexpr, N: gl.constexpr):
+    """y[:, b] = x[:, b - 1], y[:, 0] = carry: y's even elements are x's odd ones shifted by one (the
+    same problem at half the length), its odd elements x's even ones; register renames only."""
+    if N == 1:
+        return gl.convert_layout(gl.reshape(carry, [ROWS, 1]), x.type.layout)
+    else:
+        e, o = gl.split(gl.reshape(x, [ROWS, N // 2, 2]))
+        y = _shift_one(o, carry, ROWS, N // 2)
+        return gl.reshape(gl.join(gl.convert_layout(y, e.type.layout), e), [ROWS, N])
 
 
 @gluon.jit
-def _last(x, ROWS: gl.constexpr):
-    """x[:, 15] of [ROWS, 16]."""
-    _, o1 = gl.split(gl.reshape(x, [ROWS, 8, 2]))
-    _, o2 = gl.split(gl.reshape(o1, [ROWS, 4, 2]))
-    _, o3 = gl.split(gl.reshape(o2, [ROWS, 2, 2]))
-    _, o4 = gl.split(gl.reshape(o3, [ROWS, 1, 2]))
-    return gl.reshape(o4, [ROWS])
+def _last(x, ROWS: gl.constexpr, N: gl.constexpr):
+    """x[:, N - 1]."""
+    if N == 1:
+        return gl.reshape(x, [ROWS])
+    else:
+        _, o = gl.split(gl.reshape(x, [ROWS, N // 2, 2]))
+        return _last(o, ROWS, N // 2)
 
 
 # --- the kernel -------------------------------------------------------------------------------
@@ -139,8 +134,8 @@ def _chunk(ch, run, carry, q_smem, k_smem, lse2, kc_ptr, c_start, n_cmp, kvh, s_
     w_spill = gl.maximum(i + MP - R, 0).to(gl.float32)
     own_part = gl.convert_layout(gl.sum(p3 * w_own[None, None, :], axis=2), KEY)
     spill = gl.convert_layout(gl.sum(p3 * w_spill[None, None, :], axis=2), KEY)
-    score = own_part + _shift_one(spill, carry, BLOCK_T, BB, LOG)
-    carry = gl.convert_layout(_last(spill, BLOCK_T), gl.SliceLayout(1, KEY))
+    score = own_part + _shift_one(spill, carry, BLOCK_T, BB)
+    carry = gl.convert_layout(_last(spill, BLOCK_T, BB), gl.SliceLayout(1, KEY))
     blk = ch * BB + gl.arange(0, BB, layout=gl.SliceLayout(0, KEY))[None, :]
     if MASKED:
         forced = (blk < INIT) | (blk > own[:, None] - LOCAL)
@@ -246,8 +241,8 @@ def select_kernel_gl(
 
 
 def select_blocks_gluon(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, cfg, scale=None):
-    """select_blocks's contract for g = 1, bf16/fp16, d in {64, 128, 256}, BB = T_P = 16
-    ((64, 16) with s = 16, and any (B, T) whose chunk is 16 blocks)."""
+    """select_blocks's contract for g = 1, bf16/fp16, d in {64, 128, 256}, chunks of BB = T_P blocks
+    (the paper's (64, 16) and (128, 8) with s = 16: BB = 16 and 8, 64 compressed tokens a chunk)."""
     import math
 
     import torch
@@ -257,7 +252,8 @@ def select_blocks_gluon(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, cfg, scal
 
     h, h_kv, d = q.shape[1], k_cmp.shape[1], q.shape[2]
     t_pad = max(2, next_pow2(cfg.topk))
-    assert h == h_kv and t_pad == 16 and _chunk_blocks(t_pad, cfg.block_size // cfg.kernel_stride) == 16
+    bb = _chunk_blocks(t_pad, cfg.block_size // cfg.kernel_stride)
+    assert h == h_kv and bb == t_pad and bb * cfg.block_size // cfg.kernel_stride >= 16
     total, batch = q.shape[0], cu_seqlens.numel() - 1
     out = torch.empty((total, h_kv, cfg.topk), dtype=torch.int32, device=q.device)
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
@@ -266,7 +262,7 @@ def select_blocks_gluon(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, cfg, scal
         q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, out, batch, search_steps(batch), scale * LOG2E,
         q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), lse_cmp.stride(0), lse_cmp.stride(1),
         out.stride(0), out.stride(1),
-        G=1, D=d, L=cfg.kernel_size, S=cfg.kernel_stride, BS=cfg.block_size, TOPK=cfg.topk, T_P=t_pad, LOG=4,
-        BB=16, INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, BLOCK_T=block_t, num_warps=4,
+        G=1, D=d, L=cfg.kernel_size, S=cfg.kernel_stride, BS=cfg.block_size, TOPK=cfg.topk, T_P=t_pad, LOG=t_pad.bit_length() - 1,
+        BB=bb, INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, BLOCK_T=block_t, num_warps=4,
     )
     return out

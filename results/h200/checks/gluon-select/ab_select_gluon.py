@@ -1,8 +1,9 @@
 """A/B of the selection kernel at g = 1: the tree's Triton select_blocks against the Gluon
-prototype (select_gluon.py: the top-T with a token's row in one thread). Selections compared
-(rows differing; they should be identical), then select_gluon checked against the reference on
-tests/test_gpu_compression.py's g = 1 cases, then both timed (do_bench medians, rounds in both
-orders) at 16K-128K, (64, 16) and (128, 8), 4 KV heads, d = 128, bf16.
+prototype (select_gluon.py: the top-T with a token's row in one thread). A small packed batch
+first (the first differing row printed), then at 16K-128K, (64, 16) and (128, 8), 4 KV heads,
+d = 128, bf16: selections compared (rows differing; they should be identical) and both timed
+(do_bench medians, rounds in both orders); last, select_gluon against the reference on
+tests/test_gpu_compression.py's g = 1 cases.
 Usage on the H200 (repo root): PYTHONPATH=src python results/h200/checks/gluon-select/ab_select_gluon.py out.json"""
 import json, os, sys
 import torch, triton

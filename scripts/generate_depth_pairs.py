@@ -2,8 +2,11 @@
 medians' estimate and the range of the estimates of each back-to-back pair of samples, with the
 runner's own ``bench.decode._full_depth``, as NSA / full-attention ratios of full-depth tokens/s
 beside the slice's measured ratio. Rows measured before the runner recorded the range get it here.
+``--peaks``: instead, each slice's measured peak memory and the whole model's estimated peak
+(``full_depth_peak_gib``: the slice's peak plus the weights and K/V cache of the layers it left
+out), by which experiments/generate.yaml picks the batch-8 points that run whole.
 
-    PYTHONPATH=src python scripts/generate_depth_pairs.py [--platform h200] [--results-dir results]
+    PYTHONPATH=src python scripts/generate_depth_pairs.py [--platform h200] [--results-dir results] [--peaks]
 """
 
 from __future__ import annotations
@@ -30,9 +33,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--platform", default="h200")
     ap.add_argument("--results-dir", default="results")
+    ap.add_argument("--peaks", action="store_true", help="the slices' peaks and the whole models' estimated peaks")
     args = ap.parse_args(argv)
     rows = [full_depth(r) for r in results.load_rows(args.platform, "generate", args.results_dir)
             if r["status"] == "ok"]
+    if args.peaks:
+        print("| model | N | batch | impl | slice layers | slice peak GiB | whole-model peak GiB (estimate) |")
+        print("|---|---|---|---|---|---|---|")
+        for r in sorted((r for r in rows if "full_depth_peak_gib" in r),
+                        key=lambda r: (r["model"], r["N"], r["batch"], r["impl"])):
+            print(f"| {r['model']} | {r['N'] // 1024}K | {r['batch']} | {r['impl']} | {r['layers']} | "
+                  f"{r['peak_mem_gib']:.1f} | {r['full_depth_peak_gib']:.1f} |")
+        return 0
     by_point = {(r["model"], r["N"], r["batch"], r["layers"], r["impl"] in NSA_IMPLS["generate"]): r
                 for r in rows}
     print("| model | N | batch | layers | NSA / full, full depth | range over pairs | slice (measured) |")

@@ -98,6 +98,16 @@ def make_inputs(p: dict, device: torch.device, need_indices: bool = True) -> Inp
     return _last[1]
 
 
+def compressed_branch(mod, tensors: dict, cu_seqlens: torch.Tensor, cfg: NSAConfig) -> tuple[torch.Tensor, ...]:
+    """The compression branch of benchmark tensors (q, k, v, w_k, w_v, pe) through ``mod``
+    (``fsalab.ops.compression`` or ``reference``): (o_cmp, lse_cmp, k_cmp, v_cmp, cu_seqlens_cmp),
+    what block selection and the gates take."""
+    t = tensors
+    k_cmp, v_cmp, cu_cmp = mod.compress_kv(t["k"], t["v"], t["w_k"], t["w_v"], t["pe"], cu_seqlens, cfg)
+    o_cmp, lse_cmp = mod.compressed_attention(t["q"], k_cmp, v_cmp, cu_seqlens, cu_cmp, cfg)
+    return o_cmp, lse_cmp, k_cmp, v_cmp, cu_cmp
+
+
 def device_randn(seed: int, device: torch.device, dtype: torch.dtype):
     """(generator, randn(*shape, std=1.0)): normal draws made on ``device`` in fp32 and cast to
     ``dtype``, seeded by ``seed`` (host draws of a 128K-token point took tens of seconds)."""
@@ -132,10 +142,8 @@ def _build_inputs(p: dict, device: torch.device, need_indices: bool) -> Inputs:
         return Inputs(tensors, none, cu, cfg, n, {"indices_from": "none (the op takes no block indices)"})
     mod, source = compression_module()
     with torch.no_grad():
-        t = tensors
-        k_cmp, v_cmp, cu_cmp = mod.compress_kv(t["k"], t["v"], t["w_k"], t["w_v"], t["pe"], cu, cfg)
-        _, lse_cmp = mod.compressed_attention(t["q"], k_cmp, v_cmp, cu, cu_cmp, cfg)
-        block_idx = mod.select_blocks(t["q"], k_cmp, lse_cmp, cu, cu_cmp, cfg).to(torch.int32).contiguous()
+        _, lse_cmp, k_cmp, _, cu_cmp = compressed_branch(mod, tensors, cu, cfg)
+        block_idx = mod.select_blocks(tensors["q"], k_cmp, lse_cmp, cu, cu_cmp, cfg).to(torch.int32).contiguous()
     valid = (block_idx >= 0).sum(-1).float().mean().item()
     info = {
         "indices_from": f"compression path ({source}: compress_kv, compressed_attention, select_blocks) "

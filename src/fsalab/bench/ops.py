@@ -28,7 +28,7 @@ import torch
 
 from ..ops import reference
 from ..ops.impls import COMPRESSION_IMPLS, GATE_IMPLS
-from .inputs import Inputs, compression_module
+from .inputs import Inputs, compressed_branch, compression_module
 from .rows import Unsupported
 
 OPS = ("selected", "compressed", "window", "full_attention", "nsa_attention")
@@ -97,10 +97,7 @@ def _ref_selected(x: Inputs, block_idx: torch.Tensor) -> torch.Tensor:
 
 
 def _ref_compressed(x: Inputs) -> tuple[torch.Tensor, ...]:
-    t = x.tensors
-    k_cmp, v_cmp, cu_cmp = reference.compress_kv(t["k"], t["v"], t["w_k"], t["w_v"], t["pe"], x.cu_seqlens, x.cfg)
-    o, lse = reference.compressed_attention(t["q"], k_cmp, v_cmp, x.cu_seqlens, cu_cmp, x.cfg)
-    return o, lse, k_cmp, v_cmp, cu_cmp
+    return compressed_branch(reference, x.tensors, x.cu_seqlens, x.cfg)
 
 
 def _ref_window(x: Inputs, window: int | None = None) -> torch.Tensor:
@@ -136,10 +133,8 @@ def _compression_impl(impl: str):
 
 
 def _compress_and_select(mod, x: Inputs):
-    t, cfg, cu = x.tensors, x.cfg, x.cu_seqlens
-    k_cmp, v_cmp, cu_cmp = mod.compress_kv(t["k"], t["v"], t["w_k"], t["w_v"], t["pe"], cu, cfg)
-    o_cmp, lse_cmp = mod.compressed_attention(t["q"], k_cmp, v_cmp, cu, cu_cmp, cfg)
-    block_idx = mod.select_blocks(t["q"], k_cmp, lse_cmp, cu, cu_cmp, cfg)
+    o_cmp, lse_cmp, k_cmp, _, cu_cmp = compressed_branch(mod, x.tensors, x.cu_seqlens, x.cfg)
+    block_idx = mod.select_blocks(x.tensors["q"], k_cmp, lse_cmp, x.cu_seqlens, cu_cmp, x.cfg)
     return o_cmp, block_idx.to(torch.int32)
 
 

@@ -39,7 +39,7 @@ import torch
 from ..checks import value_checks_off
 from . import flops, grid, ops
 from .check import check
-from .inputs import attended_keys, input_key, make_inputs
+from .inputs import attended_keys, compressed_branch, input_key, make_inputs
 from .provenance import detect_platform, provenance
 from .rows import check_writable, fail_row, kernel_row, result_path, write_row
 from .timing import Rounds, Timing, capture_graph, interleaved, peak_memory
@@ -100,8 +100,7 @@ def _branch_callables(parts: dict[str, ops.NSAParts], x, leaves: dict[str, torch
     first = next(iter(parts.values()))
     mod = first.compression
     with torch.no_grad():
-        k_cmp, v_cmp, cu_cmp = mod.compress_kv(t["k"], t["v"], t["w_k"], t["w_v"], t["pe"], cu, cfg)
-        o_cmp, lse_cmp = mod.compressed_attention(t["q"], k_cmp, v_cmp, cu, cu_cmp, cfg)
+        o_cmp, lse_cmp, k_cmp, _, cu_cmp = compressed_branch(mod, t, cu, cfg)
         block_idx = mod.select_blocks(t["q"], k_cmp, lse_cmp, cu, cu_cmp, cfg).to(torch.int32)
         o_slc = first.selected(t["q"], t["k"], t["v"], block_idx, cu, cfg.block_size).to(o_cmp.dtype)
         o_win = first.window(t["q"], t["k"], t["v"], cu, cfg.window_size).to(o_cmp.dtype)
@@ -114,8 +113,7 @@ def _branch_callables(parts: dict[str, ops.NSAParts], x, leaves: dict[str, torch
         m = pt.compression
 
         def compression(m=m):
-            kc, vc, cuc = m.compress_kv(t["k"], t["v"], t["w_k"], t["w_v"], t["pe"], cu, cfg)
-            return m.compressed_attention(t["q"], kc, vc, cu, cuc, cfg)[0]
+            return compressed_branch(m, t, cu, cfg)[0]
 
         def selection(m=m):
             with torch.no_grad():

@@ -11,7 +11,7 @@ import torch, triton
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, "tests")
 import select_gluon as sg
-from fsalab.bench.inputs import make_inputs
+from fsalab.bench.inputs import compressed_branch, make_inputs
 from fsalab.config import NSAConfig
 from fsalab.ops import block_select, compression
 
@@ -39,10 +39,8 @@ for N, B, T in ((65536, 64, 16), (65536, 128, 8), (16384, 64, 16), (131072, 64, 
     p = {"N": N, "g": 1, "h_kv": 4, "d": 128, "batch": 1, "block_size": B, "topk": T, "dtype": "bfloat16",
          "kernel_size": 32, "kernel_stride": 16, "init_blocks": 1, "local_blocks": 2, "window_size": 512, "seed": 0}
     x = make_inputs(p, dev, need_indices=False)
-    t, cfg = x.tensors, x.cfg
-    k_cmp, v_cmp, cu_cmp = compression.compress_kv(t["k"], t["v"], t["w_k"], t["w_v"], t["pe"], x.cu_seqlens, cfg)
-    _, lse = compression.compressed_attention(t["q"], k_cmp, v_cmp, x.cu_seqlens, cu_cmp, cfg)
-    args = (t["q"], k_cmp, lse, x.cu_seqlens, cu_cmp, cfg)
+    _, lse, k_cmp, _, cu_cmp = compressed_branch(compression, x.tensors, x.cu_seqlens, x.cfg)
+    args = (x.tensors["q"], k_cmp, lse, x.cu_seqlens, cu_cmp, x.cfg)
     fns = {"triton (tree)": lambda: block_select.select_blocks(*args), "gluon": lambda: sg.select_blocks_gluon(*args)}
     try:
         a, b = fns["triton (tree)"](), fns["gluon"]()

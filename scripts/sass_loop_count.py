@@ -6,6 +6,9 @@ own ptxas and cuobjdump do the work. Kernels:
   masks, at the sequence's start and the tile's diagonal, and without, for the chunks in
   between: ``--loops 2``), counted per thread and chunk of 16 blocks, and per token over all
   threads.
+- ``select_gluon``: block_select_gluon's ``select_kernel`` (Gluon, 128 tokens a program and 4
+  warps, one token's row per thread: ``--config G,128,4``), the same loops counted likewise, and
+  the shared memory the build asks for (``block_select_gluon.shared_bytes`` estimates it).
 - ``fsa_partial``: FSA's forward ``_partial_kernel`` in its FAST mode (work list, no containment
   pass), and ``fsa_dkdv``: the fused backward's ``_dkdv_kernel`` (dK/dV and the dq partials);
   the loop is one tile of TOK tokens x G heads (the backward: of one power-of-two part of the
@@ -18,7 +21,7 @@ A count, not a timing: it says where the loop's instructions go and how a varian
 first, e.g. to take a part out and see its share); whether the kernel is issue-bound is for the
 device to tell (docs/perf-log.md, Open).
 
-    python scripts/sass_loop_count.py [--kernel select|fsa_partial|fsa_dkdv] [--source FILE]
+    python scripts/sass_loop_count.py [--kernel select|select_gluon|fsa_partial|fsa_dkdv] [--source FILE]
         [--function NAME] [--const NAME=VALUE ...] [--rows N] [--loops K] [--same-as FILE]
         [--replace OLD NEW ...] [--config G,BLOCK_M,WARPS[,STAGES] ...]
 
@@ -58,6 +61,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import BaseBackend, GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.runtime.jit import native_specialize_impl  # noqa: E402
 
 from fsalab.ops._triton import dot_precision, next_pow2, search_steps  # noqa: E402
@@ -83,6 +87,7 @@ class Kernel:
     configs: list[str]
     unit: str  # what the loop counts per: "chunk" (select) or "tile" (FSA)
     rows: Callable[[int, int], int]  # tokens (select) or (token, head) rows (FSA) per loop pass
+    gluon: bool = False  # a @gluon.jit kernel
 
 
 def _fsa_configs(plan) -> list[str]:
@@ -116,6 +121,14 @@ KERNELS = {
                            INIT=1, LOCAL=2, BLOCK_M=bm, DOT_PREC=PREC),
         ["1,64,4", "1,128,8", "4,64,4", "4,128,8"],  # block_select._SELECT_CONFIGS at g = 1 and 4
         "chunk", lambda g, bm: bm // g),
+    "select_gluon": Kernel(
+        "fsalab.ops.block_select_gluon", "select_kernel",
+        {"lse_ptr": "*fp32", "cu_ptr": "*i32", "cuc_ptr": "*i32", "out_ptr": "*i32"}, ("qk_scale",),
+        lambda g: dict(batch=1, steps=search_steps(1), s_qt=4 * g * D, s_qh=D, s_kt=H_KV * D, s_kh=D, s_lt=4 * g,
+                       s_lh=1, s_ot=H_KV * TOPK, s_oh=TOPK),
+        lambda g, bm: dict(G=g, D=D, L=32, S=16, BS=BS, TOPK=TOPK, T_P=16, LOG=4, BB=16, INIT=1, LOCAL=2, BLOCK_T=bm),
+        ["1,128,4", "4,128,4", "5,128,4"],
+        "chunk", lambda g, bm: bm, gluon=True),
     "fsa_partial": Kernel(
         "fsalab.ops.selection.fsa_partials", "_partial_kernel",
         {"lse": "*fp32", "delta": "*fp32", "lbuf": "*fp32", **_FSA_I32}, ("qk_scale", "sm_scale"),
@@ -162,7 +175,12 @@ def sass(kernel: Kernel, module, g: int, block_m: int, warps: int, stages: int, 
     for n in names:  # arguments neither integers nor listed pointers: bf16 tensors (q, k, v, dO, outputs)
         if sig[n] == "i32" and n not in ints:
             sig[n] = "*bf16"
-    return build_sass(launch_source(ASTSource, jit, sig, const, ints), warps, stages)
+    src = launch_source(GluonASTSource if kernel.gluon else ASTSource, jit, sig, const, ints)
+    report, text = build_sass(src, warps, None if kernel.gluon else stages)
+    if kernel.gluon:  # dynamic shared memory, which ptxas -v does not report
+        shared = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).metadata.shared
+        report += f"\nshared memory {shared} bytes"
+    return report, text
 
 
 def launch_source(source_cls, jit, sig: dict, const: dict, ints: dict):
@@ -249,6 +267,9 @@ def main(argv=None) -> int:
         report, text = sass(kernel, module, g, block_m, warps, stages, args.function, extra)
         regs = re.search(r"Used (\d+) registers", report).group(1)
         spills = re.search(r"(\d+) bytes spill stores", report).group(1)
+        shared = re.search(r"shared memory \d+ bytes", report)
+        if shared:
+            print(f"{args.kernel} G={g}: {shared.group(0)}", flush=True)
         rows = args.rows or kernel.rows(g, block_m)
         what = "token" if kernel.unit == "chunk" else "(token, head) row"
         for i, counts in enumerate(loop_bodies(text, args.loops)):

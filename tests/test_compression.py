@@ -18,7 +18,7 @@ import triton.language as tl
 
 from fsalab.config import NSAConfig
 from fsalab.ops import reference
-from fsalab.ops.block_select import _block_key, _key_bits, _key_block
+from fsalab.ops.select_keys import block_key, key_bits, key_block
 from fsalab.ops.compression import compress_kv, compressed_offsets, select_blocks
 from fsalab.testing import (
     assert_close,
@@ -253,10 +253,10 @@ def test_select_blocks_ties_go_to_the_lower_block(g, cfg, gen):
 @triton.jit
 def _keys_of(score_ptr, blk_ptr, own_ptr, key_ptr, back_ptr, N: tl.constexpr):
     i = tl.arange(0, N)
-    kb = _key_bits(tl.load(own_ptr + i))
-    key = _block_key(tl.load(score_ptr + i), tl.load(blk_ptr + i), kb)
+    kb = key_bits(tl.load(own_ptr + i))
+    key = block_key(tl.load(score_ptr + i), tl.load(blk_ptr + i), kb)
     tl.store(key_ptr + i, key)
-    tl.store(back_ptr + i, _key_block(key, kb))
+    tl.store(back_ptr + i, key_block(key, kb))
 
 
 def block_keys(score, blk, own):

@@ -2,8 +2,8 @@
 on the GPU, against ops/reference.py.
 
 compress_kv: the forward and all five gradients within 2x PyTorch's own error in the dtype, and
-a second backward bitwise equal to the first. select_blocks: a valid top-T under the fp32
-reference scores on every row, and equal to reference.select_blocks on every row without a
+a second backward bitwise equal to the first. select_blocks (its Triton and its Gluon kernel): a
+valid top-T under the fp32 reference scores on every row, and equal to reference.select_blocks on every row without a
 near-tie at the top-T boundary (``fsalab.testing.check_selection``); at 128K the rows are
 checked a slice at a time.
 """
@@ -63,15 +63,15 @@ def test_compress_kv_forward_backward(lengths, dtype, seed, device):
     assert all(torch.equal(a, b) for a, b in zip(got, again)), "backward is not bitwise deterministic"
 
 
-def _check_select(lengths, g, cfg, dtype, seed, device, rows_per_slice=None):
+def _check_select(lengths, g, cfg, dtype, seed, device, rows_per_slice=None, d=D, kernel="auto"):
     gen = torch.Generator(device=device).manual_seed(seed)
     cu = cu_seqlens_of(lengths, device)
     total = sum(lengths)
-    q = torch.randn(total, H_KV * g, D, generator=gen, device=device).to(dtype)
-    k_cmp = torch.randn(total // cfg.kernel_stride, H_KV, D, generator=gen, device=device).to(dtype)
+    q = torch.randn(total, H_KV * g, d, generator=gen, device=device).to(dtype)
+    k_cmp = torch.randn(total // cfg.kernel_stride, H_KV, d, generator=gen, device=device).to(dtype)
     cu_cmp = compressed_cu_seqlens(cu, cfg.kernel_size, cfg.kernel_stride)
     _, lse = reference.compressed_attention(q, k_cmp, k_cmp, cu, cu_cmp, cfg)
-    got = select_blocks(q, k_cmp, lse.float(), cu, cu_cmp, cfg)
+    got = select_blocks(q, k_cmp, lse.float(), cu, cu_cmp, cfg, kernel=kernel)
     expected = reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
     scores = reference.block_scores(q, k_cmp, lse, cu, cu_cmp, cfg)
     if rows_per_slice is None:
@@ -97,6 +97,23 @@ SELECT_CASES = [
                               f"{str(c[3])[6:]}" for c in SELECT_CASES])
 def test_select_blocks(lengths, g, pair, dtype, seed, device):
     _check_select(lengths, g, NSAConfig(block_size=pair[0], topk=pair[1]), dtype, seed, device)
+
+
+KERNEL_CASES = [
+    # g, (block_size, topk), d, dtype: both selection kernels on the same inputs
+    *((g, (64, 16), D, torch.bfloat16) for g in (1, 2, 3, 4, 5)),
+    (1, (128, 8), D, torch.bfloat16), (4, (128, 8), D, torch.float16),
+    (1, (64, 16), 64, torch.bfloat16), (2, (64, 16), 256, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("kernel", ["triton", "gluon"])
+@pytest.mark.parametrize("g, pair, d, dtype", KERNEL_CASES,
+                         ids=[f"g{c[0]}-B{c[1][0]}T{c[1][1]}-d{c[2]}-{str(c[3])[6:]}" for c in KERNEL_CASES])
+def test_select_blocks_kernels(kernel, g, pair, d, dtype, seed, device):
+    """The Triton and the Gluon selection kernel (``select_blocks(kernel=...)``) each against the
+    reference on a packed batch with a one-token sequence and one shorter than kernel_size."""
+    _check_select(VARLEN_8K, g, NSAConfig(block_size=pair[0], topk=pair[1]), dtype, seed, device, d=d, kernel=kernel)
 
 
 @pytest.mark.parametrize("g, pair", [(1, (64, 16)), (16, (64, 16)), (4, (128, 8))], ids=["g1-B64T16", "g16-B64T16", "g4-B128T8"])

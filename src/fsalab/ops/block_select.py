@@ -7,7 +7,7 @@ so no row is padding where splitting saves rows), the loop walks the visible com
 in chunks of BB blocks, computes p = exp(q·k_cmp·scale - lse_cmp), sums the g heads in fp32,
 maps the chunk to block scores with the fixed overlap stencil (own block: weights
 min(l/s, B/s - i); the last l/s - 1 tokens of a block also spill into the next block) and merges
-the chunk into a running top-T held in registers. Candidates are int32 keys (``_block_key``: the
+the chunk into a running top-T held in registers. Candidates are int32 keys (``block_key``: the
 score rounded to 26 - KB mantissa bits, then ~block in KB bits, KB = the bit length of the
 token's own block), unique, so "larger key" is "larger score, then lower block" (the reference's
 stable tie rule, with scores closer than the rounding counted as tied); the merge is branch-free
@@ -37,42 +37,15 @@ from ._triton import next_pow2 as _next_pow2
 from ._triton import search_steps as _search_steps
 from ._triton import tile_config as _tile_config
 from ._triton import unit_last_stride as _unit_last_stride
+from .select_keys import KEY_NONE, block_key, key_bits, key_block
+
+try:  # the Gluon kernel for Hopper (block_select_gluon); Triton builds without Gluon use the Triton one
+    from . import block_select_gluon as _gluon_kernel
+except ImportError:
+    _gluon_kernel = None
 
 
 _SELECT_CONFIGS = [_tile_config(4, 2, BLOCK_M=64), _tile_config(8, 2, BLOCK_M=128)]
-_KEY_NONE = tl.constexpr(-(2**30))  # below every key and every empty slot: never kept
-
-
-@triton.jit
-def _key_bits(own):
-    """KB, the bits a ranking key gives the block index: bit_length(own), at least 3 (read from
-    own's fp32 exponent; own < 2^24). Keys depend on a token's position only, so prefill and decode
-    rank alike, and nothing recompiles per length."""
-    return tl.maximum((own.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 126, 3)
-
-
-@triton.jit
-def _block_key(score, blk, kb):
-    """int32 ranking key of block blk (0 <= blk < 2^kb) with score >= +0: larger key = larger score,
-    then lower block. The score's fp32 exponent window [2^-24, 2^8) as 5 bits (below: 0; inf, NaN
-    and above: the top value, which forced blocks' +inf use) and its 23 mantissa bits, shifted
-    right by kb - 3, then 2^kb - 1 - blk in the low kb bits. A score keeps 26 - kb mantissa bits
-    (64K tokens in blocks of 64: 16 bits, relative step 1.5e-5); scores closer than that tie and
-    the lower block wins. Block scores are sums of at most g * l/s probabilities, far below 2^8.
-    Half the width of an (fp32 bits << 32 | ~block) int64 key: the top-T merge, most of the
-    selection's instructions, ran 10 % faster at 64K on the H200 (docs/perf-log.md)."""
-    bits = score.to(tl.int32, bitcast=True)
-    e = bits >> 23
-    v = tl.where(e < 103, 0, ((e - 103) << 23) | (bits & 0x7FFFFF))
-    v = tl.where((e >= 255) | (v > 0x0FFFFFFF), 0x0FFFFFFF, v)
-    return ((v >> (kb - 3)) << kb) | (((1 << kb) - 1) - blk)
-
-
-@triton.jit
-def _key_block(key, kb):
-    """The block index a ``_block_key`` key holds."""
-    mask = (1 << kb) - 1
-    return mask - (key & mask)
 
 
 @triton.jit
@@ -83,7 +56,7 @@ def _store_ascending(out, run, kb, ok, TOPK: tl.constexpr, T_P: tl.constexpr):
     False are not written."""
     col = tl.arange(0, T_P)
     chosen = (col[None, :] >= T_P - TOPK) & (run >= 0)
-    blocks = tl.where(chosen, _key_block(run, kb), 0x7FFFFFFF)
+    blocks = tl.where(chosen, key_block(run, kb), 0x7FFFFFFF)
     rank = tl.sum((blocks[:, None, :] < blocks[:, :, None]).to(tl.int32), axis=2)
     n_chosen = tl.sum(chosen.to(tl.int32), axis=1)
     tl.store(out + rank, blocks, mask=ok & chosen)
@@ -93,7 +66,7 @@ def _store_ascending(out, run, kb, ok, TOPK: tl.constexpr, T_P: tl.constexpr):
 
 @triton.jit
 def _empty_run(ROWS: tl.constexpr, T_P: tl.constexpr):
-    """[ROWS, T_P] ascending run of T_P distinct negative keys (empty slots, above _KEY_NONE)."""
+    """[ROWS, T_P] ascending run of T_P distinct negative keys (empty slots, above KEY_NONE)."""
     col = tl.arange(0, T_P)
     return (col[None, :] - 2 - T_P) + tl.zeros([ROWS, T_P], dtype=tl.int32)
 
@@ -166,9 +139,9 @@ def _merge_chunk(ch, run, carry, q, lse2, q_lo, lse2_lo, kc_ptr, c_start, n_cmp,
     if MASKED:
         forced = (blk < INIT) | (blk > own[:, None] - LOCAL)
         score = tl.where(forced, float("inf"), score)
-        key = tl.where(t_ok[:, None] & (blk <= own[:, None]), _block_key(score, blk, kb), _KEY_NONE)
+        key = tl.where(t_ok[:, None] & (blk <= own[:, None]), block_key(score, blk, kb), KEY_NONE)
     else:
-        key = _block_key(score, blk, kb)
+        key = block_key(score, blk, kb)
     return _merge_topk(run, key, T_P), carry
 
 
@@ -233,7 +206,7 @@ def _select_kernel(
     pos = t0 + tl.arange(0, BLOCK_T)
     t_ok = pos < n
     own = pos // BS
-    kb = _key_bits(own)[:, None]
+    kb = key_bits(own)[:, None]
     n_vis = tl.where(pos >= L - 1, (pos - (L - 1)) // S + 1, 0)
     # (token, head) rows of the QK products: the first G_HI heads of a group as G_HI consecutive
     # rows per token (padded when G_HI > g), the other g - G_HI heads (if any) likewise in a
@@ -291,6 +264,7 @@ def select_blocks(
     cu_seqlens_cmp: torch.Tensor,
     cfg: NSAConfig,
     scale: float | None = None,
+    kernel: str = "auto",
 ) -> torch.Tensor:
     """Top-T selection blocks per token and KV head (NSA Eq. 8–12), int32 [total, h_kv, topk].
 
@@ -302,8 +276,13 @@ def select_blocks(
     and the local_blocks blocks ending at the own block are forced, later blocks never chosen,
     ties go to the lower block. Rows ascending, valid first, -1 padding. Same as
     ``reference.select_blocks`` up to fp32 summation order and the keys' rounding (scores within
-    2^-(26 - KB) relative tie, ``_block_key``; near-ties may order differently).
+    2^-(26 - KB) relative tie, ``block_key``; near-ties may order differently).
+
+    kernel: ``"auto"`` (the Gluon kernel of ``block_select_gluon`` where it is preferred, else
+    this module's Triton kernel), ``"triton"`` or ``"gluon"`` (a ValueError where it cannot run).
     """
+    if kernel not in ("auto", "triton", "gluon"):
+        raise ValueError(f"kernel must be 'auto', 'triton' or 'gluon', got {kernel!r}")
     if not isinstance(cfg, NSAConfig):
         raise TypeError(f"cfg must be an NSAConfig, got {type(cfg).__name__}")
     h, h_kv, g, d = check_attention_inputs(q, k_cmp, k_cmp, cu_seqlens)
@@ -323,11 +302,19 @@ def select_blocks(
     q, k_cmp = _unit_last_stride(q), _unit_last_stride(k_cmp)
     if rows == 0:  # no compressed token at all: keep a valid pointer, every load is masked
         k_cmp = k_cmp.new_zeros((1, h_kv, d))
-    g_hi, g_lo = _head_parts(g)
     r = cfg.block_size // cfg.kernel_stride
     t_pad = max(2, _next_pow2(cfg.topk))
-    batch = cu_seqlens.numel() - 1
+    bb = _chunk_blocks(t_pad, r)
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    if kernel == "gluon" and not (_gluon_kernel is not None and _gluon_kernel.runs(q, g, cfg, t_pad, bb)):
+        raise ValueError("kernel='gluon' needs an sm_90 GPU, fp16/bf16, d in {64, 128, 256}, chunks of exactly T_P "
+                         "blocks and the group's q tiles in shared memory (ops/block_select_gluon.runs)")
+    if kernel == "gluon" or (kernel == "auto" and _gluon_kernel is not None
+                             and _gluon_kernel.preferred(q, g, cfg, t_pad, bb)):
+        _gluon_kernel.launch(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, out, cfg, g, t_pad, bb, scale * _LOG2E)
+        return out
+    g_hi, g_lo = _head_parts(g)
+    batch = cu_seqlens.numel() - 1
     grid = lambda meta: (batch + total // (meta["BLOCK_M"] // g_hi), h_kv)
     # Interpreter tile: 64 query tokens (the GPU tile at g = 1); the interpreter pays per program
     # and op, and the tests' long sequences still span several tiles.
@@ -336,7 +323,7 @@ def select_blocks(
         q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), lse_cmp.stride(0), lse_cmp.stride(1),
         out.stride(0), out.stride(1),
         G=g, G_HI=g_hi, G_LO_P=g_lo, HEAD_DIM=d, D_PAD=max(16, _next_pow2(d)), L=cfg.kernel_size, S=cfg.kernel_stride,
-        BS=cfg.block_size, TOPK=cfg.topk, T_P=t_pad, BB=_chunk_blocks(t_pad, r),
+        BS=cfg.block_size, TOPK=cfg.topk, T_P=t_pad, BB=bb,
         INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, DOT_PREC=_dot_precision(q.dtype),
         **_meta(BLOCK_M=64 * g_hi),
     )

@@ -64,7 +64,8 @@ import triton
 import triton.language as tl
 
 from ..checks import KERNEL_DTYPES, MAX_GROUP, check_kernel_call, check_tensor
-from .block_select import _KEY_NONE, _block_key, _empty_run, _key_bits, _merge_topk, _store_ascending
+from .block_select import _empty_run, _merge_topk, _store_ascending
+from .select_keys import KEY_NONE, block_key, key_bits
 from .decode_cache import NSADecodeCache
 from ._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, cdiv, dot_precision, next_pow2, unit_last_stride
 
@@ -357,7 +358,7 @@ def _score_kernel(
     """Range sp of sequence b's blocks for KV head kvh: block scores from the compressed logits
     ``_cmp_partial_kernel`` stored (log2 units) and the merged lse_cmp, p = exp2(s − lse) summed
     over the group's g heads in fp32, mapped onto blocks by the overlap weights; the range's top-T
-    as ``_block_key`` int32 keys (the ranking prefill's selection uses) at keys_ptr row (b, kvh, sp)."""
+    as ``block_key`` int32 keys (the ranking prefill's selection uses) at keys_ptr row (b, kvh, sp)."""
     R: tl.constexpr = BS // S  # compressed tokens starting in one block
     JT: tl.constexpr = BB * R  # compressed tokens of one tile: blocks b0 - 1 .. b0 + BB - 2 start there
     b = tl.program_id(0)
@@ -385,7 +386,7 @@ def _score_kernel(
     bhi = tl.minimum(blo + per, n_blocks)
     col = tl.arange(0, T_P)
     run = _empty_run(1, T_P)
-    kb = _key_bits(own)
+    kb = key_bits(own)
     jo = tl.arange(0, JT)
     bb = tl.arange(0, BB)
     logit_rows = logit_ptr + b.to(tl.int64) * s_lb + (kvh * G + gg).to(tl.int64) * s_lh
@@ -405,7 +406,7 @@ def _score_kernel(
         score = tl.sum(ps[:, None] * w, 0)
         forced = (blk < INIT) | (blk > own - LOCAL)
         score = tl.where(forced, float("inf"), score)
-        key = tl.where((blk < bhi) & (bb < BB - 1), _block_key(score, blk, kb), _KEY_NONE)
+        key = tl.where((blk < bhi) & (bb < BB - 1), block_key(score, blk, kb), KEY_NONE)
         run = _merge_topk(run, key[None, :], T_P)
     out = keys_ptr + ((b * n_kv_heads + kvh) * n_splits + sp).to(tl.int64) * T_P
     tl.store(out + col[None, :], run)
@@ -416,9 +417,9 @@ def _topk_kernel(keys_ptr, len_ptr, idx_ptr, n_kv_heads, n_splits, BS: tl.conste
                  TOPK: tl.constexpr, NK: tl.constexpr):
     """block_idx row (b, kvh): the top-T of its S_s partial runs, ascending, -1 padding."""
     pid = tl.program_id(0)
-    kb = _key_bits((tl.load(len_ptr + pid // n_kv_heads) - 1) // BS)
+    kb = key_bits((tl.load(len_ptr + pid // n_kv_heads) - 1) // BS)
     i = tl.arange(0, NK)
-    cand = tl.load(keys_ptr + pid.to(tl.int64) * n_splits * T_P + i, mask=i < n_splits * T_P, other=_KEY_NONE)
+    cand = tl.load(keys_ptr + pid.to(tl.int64) * n_splits * T_P + i, mask=i < n_splits * T_P, other=KEY_NONE)
     run = _merge_topk(_empty_run(1, T_P), cand[None, :], T_P)
     _store_ascending(idx_ptr + pid.to(tl.int64) * TOPK + tl.zeros([1, 1], dtype=tl.int64), run, kb,
                      tl.full([1, 1], 1, dtype=tl.int1), TOPK, T_P)

@@ -312,6 +312,10 @@ def test_select_blocks_rejects_bad_inputs(gen):
         select_blocks(q[:, :3], k_cmp, lse[:, :3], cu, cu_cmp, cfg)
     with pytest.raises(TypeError):
         select_blocks(q.half(), k_cmp, lse, cu, cu_cmp, cfg)
+    with pytest.raises(ValueError, match="kernel must be"):
+        select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg, kernel="cuda")
+    with pytest.raises(ValueError, match="sm_90"):  # the Gluon kernel never runs in the interpreter
+        select_blocks(q.half(), k_cmp.half(), lse, cu, cu_cmp, cfg, kernel="gluon")
 
 
 def test_select_blocks_spill_crosses_a_chunk(gen):

@@ -13,7 +13,9 @@ token's own block), unique, so "larger key" is "larger score, then lower block" 
 stable tie rule, with scores closer than the rounding counted as tied); the merge is branch-free
 (``_merge_topk``). The chunks that every row of the tile sees whole and that hold no forced or
 future block run the loop body without its masks (``_merge_chunk``). Nothing of size N x N/s or
-N x N/B is ever stored: memory is the [total, h_kv, T] output.
+N x N/B is ever stored: memory is the [total, h_kv, T] output. On an sm_90 GPU ``select_blocks``
+runs the Gluon kernel of ``block_select_gluon`` instead where it is preferred (same keys, the
+top-T with a token's row in one thread).
 """
 
 from __future__ import annotations

@@ -33,7 +33,12 @@ from .select_keys import KEY_NONE, block_key, key_bits, key_block
 
 BLOCK_T = 128  # tokens per program: one per thread of the warpgroup
 _SMEM_BUDGET = 227 * 1024  # bytes of shared memory an sm_90 block may use
-PREFERRED_MAX_G = 5  # provisional: the largest group size at which this kernel is the faster one
+# The largest group size at which ``auto`` picks this kernel. 0 until this module has run on the
+# GPU: its g = 1 case is the prototype measured at 0.40-0.66x the Triton kernel's time with
+# identical selections (results/h200/checks/gluon-select/), but this generalisation has only been
+# built for sm_90, not run; results/h200/checks/select-gluon-ops/ab.py and the GPU tests
+# (tests/test_gpu_compression.py -k kernels) decide the value.
+PREFERRED_MAX_G = 0
 
 
 # --- bitonic network on [ROWS, N] with each row in one thread: register renames and min/max ----------

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from fsalab.config import NSAConfig
 from fsalab.ops import reference
-from fsalab.ops.select_keys import block_key, key_bits, key_block
+from fsalab.ops.select_common import block_key, key_bits, key_block
 from fsalab.ops.compression import compress_kv, compressed_offsets, select_blocks
 from fsalab.testing import (
     assert_close,

@@ -39,7 +39,7 @@ from ._triton import next_pow2 as _next_pow2
 from ._triton import search_steps as _search_steps
 from ._triton import tile_config as _tile_config
 from ._triton import unit_last_stride as _unit_last_stride
-from .select_keys import KEY_NONE, block_key, key_bits, key_block
+from .select_common import KEY_NONE, block_key, chunk_ranges, key_bits, key_block, sequence_tile
 
 try:  # the Gluon kernel for Hopper (block_select_gluon); Triton builds without Gluon use the Triton one
     from . import block_select_gluon as _gluon_kernel
@@ -191,19 +191,7 @@ def _select_kernel(
     BLOCK_C: tl.constexpr = BB * R
     BLOCK_T: tl.constexpr = BLOCK_M // G_HI
     kvh = tl.program_id(1)
-    # Tiles never straddle sequences: sequence b owns tiles [b + cu[b] // BLOCK_T, b + 1 + cu[b+1] // BLOCK_T).
-    pid = tl.program_id(0)
-    lo = pid * 0
-    for it in range(steps):
-        cand = lo + (1 << (steps - 1 - it))
-        ok = cand < batch
-        go = ok & (cand + tl.load(cu_ptr + cand, mask=ok, other=0) // BLOCK_T <= pid)
-        lo = tl.where(go, cand, lo)
-    start = tl.load(cu_ptr + lo)
-    n = tl.load(cu_ptr + lo + 1) - start
-    t0 = (pid - lo - start // BLOCK_T) * BLOCK_T
-    c_start = tl.load(cuc_ptr + lo)
-    n_cmp = tl.load(cuc_ptr + lo + 1) - c_start
+    start, n, t0, c_start, n_cmp = sequence_tile(tl.program_id(0), cu_ptr, cuc_ptr, batch, steps, BLOCK_T)
 
     pos = t0 + tl.arange(0, BLOCK_T)
     t_ok = pos < n
@@ -229,18 +217,11 @@ def _select_kernel(
     prev = tl.maximum(bb - 1, 0)[None, :] + tl.zeros([BLOCK_T, BB], dtype=tl.int32)
     run = _empty_run(BLOCK_T, T_P)  # ascending; its last TOPK columns are the top TOPK
 
-    last_own = (tl.minimum(t0 + BLOCK_T, n) - 1) // BS
-    n_chunks = tl.where(t0 < n, last_own // BB + 1, 0)
     carry = tl.zeros([BLOCK_T], dtype=tl.float32)
     # Chunks that every row of the tile sees whole, holding neither a forced nor a future block,
     # run the body without its masks (22-28 % fewer instructions: scripts/sass_loop_count.py
-    # --kernel select --loops 2): [head_end, bulk_end), between the init blocks' chunks and those
-    # of the tile's diagonal.
-    own0 = t0 // BS
-    n_vis0 = tl.where(t0 >= L - 1, (t0 - (L - 1)) // S + 1, 0)
-    head_end = tl.minimum((INIT + BB - 1) // BB, n_chunks)
-    bulk_end = tl.maximum(head_end, tl.minimum(tl.minimum(n_vis0 // BLOCK_C, tl.maximum(own0 - LOCAL + 1, 0) // BB),
-                                               n_chunks))
+    # --kernel select --loops 2).
+    head_end, bulk_end, n_chunks = chunk_ranges(t0, n, BLOCK_T, BS, BB, BLOCK_C, L, S, INIT, LOCAL)
     for ch in range(0, head_end):
         run, carry = _merge_chunk(ch, run, carry, q, lse2, q_lo, lse2_lo, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh, dd,
                                   d_ok, qk_scale, t_ok, n_vis, own, kb, w_own, w_spill, bb, prev,

@@ -12,7 +12,7 @@ row: the overlap stencil, the spill's shift by one block, the keys and the biton
 that thread's registers (859 instructions per token and chunk at g = 1, (64, 16):
 ``scripts/sass_loop_count.py --kernel select-gluon``).
 
-Same arithmetic, keys (``select_keys``) and masks as the Triton kernel; the sum over heads runs in
+Same arithmetic, keys (``select_common``) and masks as the Triton kernel; the sum over heads runs in
 head order, so at g > 1 near-ties may rank differently (as between the Triton kernel and the
 reference). ``select_blocks`` runs it where ``preferred`` says so: an sm_90 GPU, fp16/bf16, chunks
 of exactly T_P blocks (``block_select._chunk_blocks``: the paper's (64, 16) and (128, 8)), the
@@ -29,7 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from ._triton import LOG2E_C, interpreting, search_steps
-from .select_keys import KEY_NONE, block_key, key_bits, key_block
+from .select_common import KEY_NONE, block_key, chunk_ranges, key_bits, key_block, sequence_tile
 
 BLOCK_T = 128  # tokens per program: one per thread of the warpgroup
 _SMEM_BUDGET = 227 * 1024  # bytes of shared memory an sm_90 block may use
@@ -201,18 +201,7 @@ def select_kernel(
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
     kvh = gl.program_id(1)
-    pid = gl.program_id(0)
-    lo = pid * 0
-    for it in range(steps):
-        cand = lo + (1 << (steps - 1 - it))
-        ok = cand < batch
-        go = ok & (cand + gl.load(cu_ptr + cand, mask=ok, other=0) // BLOCK_T <= pid)
-        lo = gl.where(go, cand, lo)
-    start = gl.load(cu_ptr + lo)
-    n = gl.load(cu_ptr + lo + 1) - start
-    t0 = (pid - lo - start // BLOCK_T) * BLOCK_T
-    c_start = gl.load(cuc_ptr + lo)
-    n_cmp = gl.load(cuc_ptr + lo + 1) - c_start
+    start, n, t0, c_start, n_cmp = sequence_tile(gl.program_id(0), cu_ptr, cuc_ptr, batch, steps, BLOCK_T)
 
     # The group's q tiles [G][BLOCK_T, D] and lse rows (log2 units; dead rows +inf) to shared memory.
     q_smem = gl.allocate_shared_memory(q_ptr.dtype.element_ty, [G, BLOCK_T, D], SMEM)
@@ -245,13 +234,7 @@ def select_kernel(
 
     # The chunk ranges of the Triton kernel: masked, unmasked (seen whole by every row, nothing
     # forced), masked.
-    last_own = (gl.minimum(t0 + BLOCK_T, n) - 1) // BS
-    n_chunks = gl.where(t0 < n, last_own // BB + 1, 0)
-    own0 = t0 // BS
-    n_vis0 = gl.where(t0 >= L - 1, (t0 - (L - 1)) // S + 1, 0)
-    head_end = gl.minimum((INIT + BB - 1) // BB, n_chunks)
-    bulk_end = gl.maximum(head_end, gl.minimum(gl.minimum(n_vis0 // BLOCK_C, gl.maximum(own0 - LOCAL + 1, 0) // BB),
-                                               n_chunks))
+    head_end, bulk_end, n_chunks = chunk_ranges(t0, n, BLOCK_T, BS, BB, BLOCK_C, L, S, INIT, LOCAL)
     for ch in range(0, head_end):
         run, carry = _chunk(ch, run, carry, q_smem, k_smem, lse_smem, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh,
                             qk_scale, t_ok, own, kb, t_row, nvis_row, G, BLOCK_T, BB, R, MP, D, INIT, LOCAL, T_P,

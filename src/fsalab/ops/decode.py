@@ -65,7 +65,7 @@ import triton.language as tl
 
 from ..checks import KERNEL_DTYPES, MAX_GROUP, check_kernel_call, check_tensor
 from .block_select import _empty_run, _merge_topk, _store_ascending
-from .select_keys import KEY_NONE, block_key, key_bits
+from .select_common import KEY_NONE, block_key, key_bits
 from .decode_cache import NSADecodeCache
 from ._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, cdiv, dot_precision, next_pow2, unit_last_stride
 

@@ -14,8 +14,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-# (the ranking keys moved from ops/block_select.py to ops/select_keys.py after this prototype ran)
-from fsalab.ops.select_keys import KEY_NONE as _KEY_NONE, block_key as _block_key, key_bits as _key_bits, key_block as _key_block
+# (the ranking keys moved from ops/block_select.py to ops/select_common.py after this prototype ran)
+from fsalab.ops.select_common import KEY_NONE as _KEY_NONE, block_key as _block_key, key_bits as _key_bits, key_block as _key_block
 
 
 # --- bitonic network on [ROWS, N] with a row in one thread ------------------------------------

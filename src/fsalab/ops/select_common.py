@@ -1,0 +1,83 @@
+"""What NSA's block-selection kernels share: the ranking keys (also decode's, ``decode``) and the
+prefill kernels' tile geometry (``block_select``'s Triton kernel and ``block_select_gluon``'s
+Gluon one, which calls these ``@triton.jit`` helpers as well).
+
+Keys: a block's score and index packed into one int32, so that "larger key" is "larger score,
+then lower block" and a top-T is a top-T of integers. Tiles: BLOCK_T tokens of one sequence per
+program, never straddling sequences, and the score loop's chunks in three ranges.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+KEY_NONE = tl.constexpr(-(2**30))  # below every key and every empty slot: never kept
+
+
+@triton.jit
+def key_bits(own):
+    """KB, the bits a ranking key gives the block index: bit_length(own), at least 3 (read from
+    own's fp32 exponent; own < 2^24). Keys depend on a token's position only, so prefill and decode
+    rank alike, and nothing recompiles per length."""
+    return tl.maximum((own.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 126, 3)
+
+
+@triton.jit
+def block_key(score, blk, kb):
+    """int32 ranking key of block blk (0 <= blk < 2^kb) with score >= +0: larger key = larger score,
+    then lower block. The score's fp32 exponent window [2^-24, 2^8) as 5 bits (below: 0; inf, NaN
+    and above: the top value, which forced blocks' +inf use) and its 23 mantissa bits, shifted
+    right by kb - 3, then 2^kb - 1 - blk in the low kb bits. A score keeps 26 - kb mantissa bits
+    (64K tokens in blocks of 64: 16 bits, relative step 1.5e-5); scores closer than that tie and
+    the lower block wins. Block scores are sums of at most g * l/s probabilities, far below 2^8.
+    Half the width of an (fp32 bits << 32 | ~block) int64 key: the top-T merge, most of the
+    selection's instructions, ran 10 % faster at 64K on the H200 (docs/perf-log.md)."""
+    bits = score.to(tl.int32, bitcast=True)
+    e = bits >> 23
+    v = tl.where(e < 103, 0, ((e - 103) << 23) | (bits & 0x7FFFFF))
+    v = tl.where((e >= 255) | (v > 0x0FFFFFFF), 0x0FFFFFFF, v)
+    return ((v >> (kb - 3)) << kb) | (((1 << kb) - 1) - blk)
+
+
+@triton.jit
+def key_block(key, kb):
+    """The block index a ``block_key`` key holds."""
+    mask = (1 << kb) - 1
+    return mask - (key & mask)
+
+
+@triton.jit
+def sequence_tile(pid, cu_ptr, cuc_ptr, batch, steps, BLOCK_T: tl.constexpr):
+    """(start, n, t0, c_start, n_cmp) of program pid's tile: its sequence's first token and length,
+    the tile's first local position, its sequence's first compressed row and their count.
+    Sequence b owns tiles [b + cu[b] // BLOCK_T, b + 1 + cu[b+1] // BLOCK_T) (binary lifting over
+    the batch; ``steps`` = ``_triton.search_steps(batch)``)."""
+    lo = pid * 0
+    for it in range(steps):
+        cand = lo + (1 << (steps - 1 - it))
+        ok = cand < batch
+        go = ok & (cand + tl.load(cu_ptr + cand, mask=ok, other=0) // BLOCK_T <= pid)
+        lo = tl.where(go, cand, lo)
+    start = tl.load(cu_ptr + lo)
+    n = tl.load(cu_ptr + lo + 1) - start
+    t0 = (pid - lo - start // BLOCK_T) * BLOCK_T
+    c_start = tl.load(cuc_ptr + lo)
+    return start, n, t0, c_start, tl.load(cuc_ptr + lo + 1) - c_start
+
+
+@triton.jit
+def chunk_ranges(t0, n, BLOCK_T: tl.constexpr, BS: tl.constexpr, BB: tl.constexpr, BLOCK_C: tl.constexpr,
+                 L: tl.constexpr, S: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr):
+    """(head_end, bulk_end, n_chunks) of the tile at t0: its score loop walks chunks [0, n_chunks)
+    of BB blocks (BLOCK_C compressed tokens); [head_end, bulk_end) are those that every row of
+    the tile sees whole and that hold no forced (init or local) and no future block, which run
+    without masks: between the init blocks' chunks and those of the tile's diagonal."""
+    last_own = (tl.minimum(t0 + BLOCK_T, n) - 1) // BS
+    n_chunks = tl.where(t0 < n, last_own // BB + 1, 0)
+    own0 = t0 // BS
+    n_vis0 = tl.where(t0 >= L - 1, (t0 - (L - 1)) // S + 1, 0)
+    head_end = tl.minimum((INIT + BB - 1) // BB, n_chunks)
+    bulk_end = tl.maximum(head_end, tl.minimum(tl.minimum(n_vis0 // BLOCK_C, tl.maximum(own0 - LOCAL + 1, 0) // BB),
+                                               n_chunks))
+    return head_end, bulk_end, n_chunks

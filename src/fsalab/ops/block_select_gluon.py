@@ -9,8 +9,8 @@ of BB blocks (BB * r compressed tokens) the K chunk goes through shared memory i
 each of the group's g query heads in turn (their q tiles stay in shared memory), p = exp2(s·scale -
 lse) is summed over the heads in the MMA layout, and one layout change gives each thread one token's
 row: the overlap stencil, the spill's shift by one block, the keys and the bitonic merge then run in
-that thread's registers (859 instructions per token and chunk at g = 1, (64, 16):
-``scripts/sass_loop_count.py --kernel select-gluon``).
+that thread's registers (864 instructions per token and chunk in the unmasked loop at g = 1, (64, 16):
+``scripts/sass_loop_count.py --kernel select_gluon --loops 2``).
 
 Same arithmetic, keys (``select_common``) and masks as the Triton kernel; the sum over heads runs in
 head order, so at g > 1 near-ties may rank differently (as between the Triton kernel and the

@@ -243,3 +243,49 @@ def test_table11_with_fsa_alone(tmp_path):
     pd.DataFrame(comp).to_csv(tmp_path / "h200" / "compile.csv", index=False)
     rows = [r for r in reproduction.claims("h200", tmp_path) if r.artefact.startswith("Table 11")]
     assert [r.verdict for r in rows] == ["reproduced", "not attempted (no FSA and NSA pair measured)"]
+
+
+def test_collect_adds_only_the_point_files_this_tree_lacks(tmp_path, capsys):
+    """A device call's results.tgz: new point files are added, existing ones never overwritten
+    (same bytes: "same"; other bytes: this tree's row "kept"), and nothing but point files of known
+    experiments comes in (checks, logs, CSVs, superseded rows, paths climbing out)."""
+    import io
+    import tarfile
+
+    from fsalab import cli
+
+    here = tmp_path / "results"
+    _point_file(here / "h200" / "kernel", "b", "1" * 40)
+    _point_file(here / "h200" / "kernel", "c", "1" * 40)
+    _point_file(here / "h200" / "kernel", "f", "2" * 40)
+    old_f = (here / "h200" / "kernel" / "f.json").read_bytes()
+    assert results.supersede("h200", "1" * 40, here, ["kernel"], point_filter="^f$")  # set aside here
+    archive = tmp_path / "results.tgz"
+    members = {
+        "results/h200/kernel/f.json": old_f,  # packed before the supersede: stays set aside
+        "results/h200/kernel/a.json": b'{"point": "a"}',
+        "results/h200/kernel/b.json": (here / "h200" / "kernel" / "b.json").read_bytes(),
+        "results/h200/kernel/c.json": b'{"point": "c", "remeasured": true}',
+        "results/h200/checks/ab/out.json": b"{}",
+        "results/h200/superseded/kernel/z.abcdef0.json": b"{}",
+        "results/h200/kernel.csv": b"point\n",
+        "results/h200/notanexperiment/d.json": b"{}",
+        "results/../kernel/e.json": b"{}",
+    }
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, payload in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    dry = results.collect([archive, archive], here, dry_run=True)  # the same file twice counts once
+    assert dry["added"] == ["h200/kernel/a.json"] and dry["superseded"] == ["h200/kernel/f.json"]
+    assert not (here / "h200" / "kernel" / "a.json").exists()
+    found = results.collect([archive], here)
+    assert found == {"added": ["h200/kernel/a.json"], "same": ["h200/kernel/b.json"], "kept": ["h200/kernel/c.json"],
+                     "superseded": ["h200/kernel/f.json"]}
+    assert (here / "h200" / "kernel" / "a.json").read_bytes() == members["results/h200/kernel/a.json"]
+    assert b"remeasured" not in (here / "h200" / "kernel" / "c.json").read_bytes()
+    assert sorted(p.relative_to(here).as_posix() for p in here.rglob("*") if p.is_file()) == [
+        "h200/kernel/a.json", "h200/kernel/b.json", "h200/kernel/c.json", "h200/superseded/kernel/f.2222222.json"]
+    assert cli.main(["collect", str(archive), "--results-dir", str(here), "--no-aggregate"]) == 0
+    assert "0 added, 2 already here, 1 kept (differing), 1 set aside here before" in capsys.readouterr().err

@@ -12,6 +12,7 @@
     fsalab bench-train|bench-prefill|bench-convergence ...   end-to-end runners (fsalab.bench.*)
     fsalab theory --experiment theory --out results/<platform>/theory.csv
     fsalab supersede --platform h200 --min-commit SHA [--filter RE] [--dry-run]   set aside rows of older commits
+    fsalab collect OUT/results.tgz ...           add a device call's new point files, re-aggregate
     fsalab aggregate --experiment kernel [--platform h200]        -> results/<platform>/kernel.csv
     fsalab migrate-ids                           rename result files to the ids their parameters give
     fsalab notebook analysis/kernel.ipynb --platform h200 --figures paper_figures
@@ -232,6 +233,23 @@ def cmd_supersede(args) -> int:
     return 0
 
 
+def cmd_collect(args) -> int:
+    from . import results
+
+    found = results.collect(args.archives, args.results_dir, args.dry_run)
+    for rel in found["kept"]:
+        print(f"kept this tree's {rel}: the archive's differs (supersede it first to take the new one)", file=sys.stderr)
+    touched = sorted({Path(rel).parts[:2] for rel in found["added"]})
+    for platform, experiment in touched:
+        n = sum(Path(rel).parts[:2] == (platform, experiment) for rel in found["added"])
+        print(f"{platform}/{experiment}: {n} point files {'would be ' if args.dry_run else ''}added", file=sys.stderr)
+        if not args.dry_run and not args.no_aggregate:
+            print(results.aggregate(platform, experiment, args.results_dir), file=sys.stderr)
+    print(f"{len(found['added'])} added, {len(found['same'])} already here, {len(found['kept'])} kept (differing), "
+          f"{len(found['superseded'])} set aside here before", file=sys.stderr)
+    return 0
+
+
 def _detect_platform_quiet() -> str:
     _prepare_device()
     from .bench.provenance import detect_platform
@@ -380,6 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results-dir", default="results")
     p.add_argument("--dry-run", action="store_true", help="print the moves only")
     p.set_defaults(func=cmd_supersede)
+
+    p = sub.add_parser("collect", help="add the point files of device calls' results.tgz this tree lacks, then "
+                       "re-aggregate the experiments that gained rows")
+    p.add_argument("archives", nargs="+", help="results.tgz files (scripts/gpu/run_grid.sh packs them)")
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--dry-run", action="store_true", help="say what would be added only")
+    p.add_argument("--no-aggregate", action="store_true", help="leave the CSVs as they are")
+    p.set_defaults(func=cmd_collect)
 
     p = sub.add_parser("notebook", help="execute an analysis notebook headless")
     p.add_argument("notebook")

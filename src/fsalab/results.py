@@ -8,12 +8,15 @@ generator read the CSVs through ``load_table``; every row is checked against
 rows were measured on another machine than the folder's (``--force`` to import copies).
 ``migrate_point_ids`` renames point files whose id is not the one their parameters give (ids
 hash every parameter, ``fsalab.bench.points.point_hash``), without re-measuring anything.
+``collect`` brings the point files of a device call's ``results.tgz`` into this tree, adding
+only those it lacks, so the next call's ``--skip-existing`` sees them.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import tarfile
 from pathlib import Path
 
 import pandas as pd
@@ -286,3 +289,47 @@ def supersede(platform: str, min_commit: str, results_dir: str | Path | None = N
                 new.parent.mkdir(parents=True, exist_ok=True)
                 path.replace(new)
     return moves
+
+
+def collect(archives: list[str | Path], results_dir: str | Path | None = None,
+            dry_run: bool = False) -> dict[str, list[str]]:
+    """Copy the point files of device calls' ``results.tgz`` archives (the ``results/`` tree that
+    ``scripts/gpu/run_grid.sh`` packs) into ``results_dir``: ``results/<platform>/<experiment>/
+    <point>.json`` of known experiments only (not checks, logs, CSVs or superseded rows). A file
+    this tree lacks is added, unless its bytes are those of a row set aside in ``superseded/``
+    (an archive packed before ``supersede`` ran here); one it has is never overwritten: "same"
+    when the bytes agree, else "kept" (this tree's row stays; a re-measured point is set aside
+    with ``supersede`` first). Members are read one by one, never extracted by their own paths;
+    a file in several archives counts once, from the first. Returns the paths (relative to
+    ``results_dir``) under "added", "same", "kept" and "superseded"."""
+    root = results_root(results_dir)
+    known = set(known_experiments())
+    found: dict[str, list[str]] = {"added": [], "same": [], "kept": [], "superseded": []}
+    seen: set[Path] = set()
+    for archive in archives:
+        with tarfile.open(archive, "r:*") as tar:
+            for member in tar.getmembers():
+                parts = Path(member.name).parts
+                if parts[:1] == (".",):
+                    parts = parts[1:]
+                if not (member.isfile() and len(parts) == 4 and parts[0] == "results" and parts[2] in known
+                        and parts[3].endswith(".json") and ".." not in parts):
+                    continue
+                rel = Path(*parts[1:])
+                if rel in seen:
+                    continue
+                seen.add(rel)
+                payload = tar.extractfile(member).read()
+                dest = root / rel
+                if dest.exists():
+                    found["same" if dest.read_bytes() == payload else "kept"].append(str(rel))
+                    continue
+                set_aside = root / rel.parts[0] / SUPERSEDED / rel.parts[1]
+                if any(old.read_bytes() == payload for old in set_aside.glob(f"{dest.stem}.*.json")):
+                    found["superseded"].append(str(rel))
+                    continue
+                found["added"].append(str(rel))
+                if not dry_run:
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_bytes(payload)
+    return found

@@ -127,7 +127,7 @@ KERNELS = {
         lambda g: dict(batch=1, steps=search_steps(1), s_qt=4 * g * D, s_qh=D, s_kt=H_KV * D, s_kh=D, s_lt=4 * g,
                        s_lh=1, s_ot=H_KV * TOPK, s_oh=TOPK),
         lambda g, bm: dict(G=g, D=D, L=32, S=16, BS=BS, TOPK=TOPK, T_P=16, LOG=4, BB=16, INIT=1, LOCAL=2, BLOCK_T=bm),
-        ["1,128,4", "4,128,4", "5,128,4"],
+        ["1,128,4", "4,128,4", "5,128,4", "8,64,4"],  # G,BLOCK_T,warps as tokens_per_program picks
         "chunk", lambda g, bm: bm, gluon=True),
     "fsa_partial": Kernel(
         "fsalab.ops.selection.fsa_partials", "_partial_kernel",

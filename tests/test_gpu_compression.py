@@ -101,9 +101,9 @@ def test_select_blocks(lengths, g, pair, dtype, seed, device):
 
 KERNEL_CASES = [
     # g, (block_size, topk), d, dtype: both selection kernels on the same inputs
-    *((g, (64, 16), D, torch.bfloat16) for g in (1, 2, 3, 4, 5)),
+    *((g, (64, 16), D, torch.bfloat16) for g in (1, 2, 3, 4, 5, 6, 8)),  # Gluon: 64 tokens a program at g = 8
     (1, (128, 8), D, torch.bfloat16), (4, (128, 8), D, torch.float16),
-    (1, (64, 16), 64, torch.bfloat16), (2, (64, 16), 256, torch.bfloat16),
+    (1, (64, 16), 64, torch.bfloat16), (2, (64, 16), 256, torch.bfloat16), (3, (64, 16), 256, torch.bfloat16),
 ]
 
 

@@ -1,9 +1,9 @@
 """scripts/sass_loop_count.py, whose counts docs/perf-log.md cites, still builds the select
 kernel and FSA's forward and backward tile kernels for sm_90a on CPU, finds their main loops and
 refuses an edit it cannot place; the select kernel's 128-row, 8-warp tile at g = 4 (the GPU's
-config there) spills nothing; and the Gluon select kernel at g = 5 (its largest group at d = 128)
-spills nothing and asks for the shared memory ``block_select_gluon.shared_bytes`` estimates, the
-estimate its ``runs`` rule rests on."""
+config there) spills nothing; and the Gluon select kernel at g = 5 and 8 spills nothing and asks
+for the shared memory ``block_select_gluon.shared_bytes`` estimates, the estimate its
+``tokens_per_program`` and ``runs`` rules rest on."""
 
 from __future__ import annotations
 
@@ -31,15 +31,19 @@ def test_select_loop_counted_without_spills():
     assert int(m.group(3)) > 100, out.stdout  # the score loop, not a short index loop
 
 
-def test_gluon_select_builds_without_spills():
-    from fsalab.ops.block_select_gluon import shared_bytes
+@pytest.mark.parametrize("g, block_t", [(5, 128), (8, 64)])
+def test_gluon_select_builds_without_spills(g, block_t):
+    """At g = 5 (128 tokens a program, its largest group at d = 128 but for g = 6) and g = 8 (64
+    tokens, each row in two threads)."""
+    from fsalab.ops.block_select_gluon import shared_bytes, tokens_per_program
 
-    out = _run("--kernel", "select_gluon", "--config", "5,128,4")
+    assert tokens_per_program(g, 128, 64) == block_t
+    out = _run("--kernel", "select_gluon", "--config", f"{g},{block_t},4")
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"(\d+) registers, (\d+) B spilled; loop (\d+) instructions", out.stdout)
     assert m and int(m.group(2)) == 0 and int(m.group(3)) > 100, out.stdout
     shared = re.search(r"shared memory (\d+) bytes", out.stdout)
-    assert shared and int(shared.group(1)) == shared_bytes(5, 128, 64), out.stdout
+    assert shared and int(shared.group(1)) == shared_bytes(g, 128, 64, block_t), out.stdout
 
 
 @pytest.mark.parametrize("kernel", ["fsa_partial", "fsa_dkdv"])

@@ -4,7 +4,8 @@ with a token's candidate row in one thread.
 The Triton kernel keeps the running top-T in the MMA's register layout, where a row is spread over
 four threads and the bitonic network's compare-exchanges become shuffles and selects: at g = 1 those
 are most of its loop (1984 SASS instructions per token and chunk at (64, 16)). Here the layouts are
-explicit: per program 128 tokens of one sequence and one KV head (one warpgroup, 4 warps); per chunk
+explicit: per program 128 tokens of one sequence and one KV head (one warpgroup, 4 warps; 64 tokens,
+each row in two threads, where 128 tokens' q tiles would not fit in shared memory); per chunk
 of BB blocks (BB * r compressed tokens) the K chunk goes through shared memory into ``wgmma`` with
 each of the group's g query heads in turn (their q tiles stay in shared memory), p = exp2(s·scale -
 lse) is summed over the heads in the MMA layout, and one layout change gives each thread one token's
@@ -31,7 +32,6 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from ._triton import LOG2E_C, interpreting, search_steps
 from .select_common import KEY_NONE, block_key, chunk_ranges, key_bits, key_block, sequence_tile
 
-BLOCK_T = 128  # tokens per program: one per thread of the warpgroup
 _SMEM_BUDGET = 227 * 1024  # bytes of shared memory an sm_90 block may use
 # The largest group size at which ``auto`` picks this kernel. 0 until this module has run on the
 # GPU: its g = 1 case is the prototype measured at 0.40-0.66x the Triton kernel's time with
@@ -189,7 +189,8 @@ def select_kernel(
     BLOCK_T: gl.constexpr,
 ):
     """Grid (batch + total // BLOCK_T, h_kv), 4 warps; tiles never straddle sequences (as the Triton
-    kernel's)."""
+    kernel's). BLOCK_T = 128: a token's row per thread; 64: each row in two threads (of warps w and
+    w + 2), which compute the same values (the layouts below cover 128 rows)."""
     R: gl.constexpr = BS // S
     MP: gl.constexpr = L // S
     BLOCK_C: gl.constexpr = BB * R
@@ -269,22 +270,32 @@ def _is_sm90(index: int) -> bool:
     return torch.cuda.get_device_capability(index) == (9, 0)
 
 
-def shared_bytes(g: int, d: int, block_c: int) -> int:
-    """Shared memory a program holds: the g q tiles, the K chunk, the lse rows, and 2 KiB the
-    compiler adds for the layout changes (the sm_90 builds: 51712 bytes at g = 1, d = 128,
-    151552 at g = 4; tests/test_select_gluon.py checks the estimate)."""
-    return (g * BLOCK_T + block_c) * d * 2 + g * BLOCK_T * 4 + 2048
+def shared_bytes(g: int, d: int, block_c: int, block_t: int) -> int:
+    """Shared memory a program of block_t tokens holds: the g q tiles, the K chunk, the lse rows,
+    and 16 bytes a token that the compiler adds for the layout changes (as the sm_90 builds ask:
+    51712 bytes at g = 1, d = 128, 128 tokens; 150528 at g = 8, 64 tokens;
+    ``scripts/sass_loop_count.py --kernel select_gluon`` prints them, tests/test_sass_loop_count.py
+    checks two)."""
+    return (g * block_t + block_c) * d * 2 + g * block_t * 4 + 16 * block_t
+
+
+def tokens_per_program(g: int, d: int, block_c: int) -> int:
+    """128 (a token per thread of the warpgroup) where the g q tiles fit in shared memory, else
+    64 (each token's row then in two threads, which do the same work: g = 7-12 at d = 128), else
+    0 (no program fits)."""
+    return next((t for t in (128, 64) if shared_bytes(g, d, block_c, t) <= _SMEM_BUDGET), 0)
 
 
 def runs(q: torch.Tensor, g: int, cfg, t_pad: int, bb: int) -> bool:
     """Whether this kernel can run the selection: an sm_90 GPU (``wgmma``; not the interpreter),
     fp16/bf16, d in {64, 128, 256}, chunks of exactly T_P blocks (bb == t_pad, so a chunk's
-    candidates are the merge's width) of 16..256 compressed tokens (the MMA's N), and the program's
-    shared memory within an sm_90 block's (g <= 5 at d = 128, g <= 2 at d = 256)."""
+    candidates are the merge's width) of 16..256 compressed tokens (the MMA's N), and a program's
+    q tiles within an sm_90 block's shared memory (``tokens_per_program``: g <= 12 at d = 128,
+    g <= 5 at d = 256)."""
     block_c = bb * cfg.block_size // cfg.kernel_stride
     return (not interpreting() and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
             and q.shape[2] in (64, 128, 256) and bb == t_pad and 16 <= block_c <= 256
-            and shared_bytes(g, q.shape[2], block_c) <= _SMEM_BUDGET and _is_sm90(q.device.index or 0))
+            and tokens_per_program(g, q.shape[2], block_c) > 0 and _is_sm90(q.device.index or 0))
 
 
 def preferred(q: torch.Tensor, g: int, cfg, t_pad: int, bb: int) -> bool:
@@ -297,11 +308,12 @@ def launch(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, out, cfg, g: int, t_pa
     """Fill out [total, h_kv, topk] (int32) with the selection of ``select_blocks``'s validated inputs;
     qk_scale = softmax scale · log2(e)."""
     total, batch = q.shape[0], cu_seqlens.numel() - 1
-    select_kernel[(batch + total // BLOCK_T, k_cmp.shape[1])](
+    block_t = tokens_per_program(g, q.shape[2], bb * cfg.block_size // cfg.kernel_stride)
+    select_kernel[(batch + total // block_t, k_cmp.shape[1])](
         q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, out, batch, search_steps(batch), qk_scale,
         q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), lse_cmp.stride(0), lse_cmp.stride(1),
         out.stride(0), out.stride(1),
         G=g, D=q.shape[2], L=cfg.kernel_size, S=cfg.kernel_stride, BS=cfg.block_size, TOPK=cfg.topk, T_P=t_pad,
-        LOG=t_pad.bit_length() - 1, BB=bb, INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, BLOCK_T=BLOCK_T,
+        LOG=t_pad.bit_length() - 1, BB=bb, INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, BLOCK_T=block_t,
         num_warps=4,
     )

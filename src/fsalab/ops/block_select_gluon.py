@@ -34,9 +34,9 @@ from .select_common import KEY_NONE, block_key, chunk_ranges, key_bits, key_bloc
 
 _SMEM_BUDGET = 227 * 1024  # bytes of shared memory an sm_90 block may use
 # The largest group size at which ``auto`` picks this kernel. 0 until this module has run on the
-# GPU: its g = 1 case is the prototype measured at 0.40-0.66x the Triton kernel's time with
-# identical selections (results/h200/checks/gluon-select/), but this generalisation has only been
-# built for sm_90, not run; results/h200/checks/select-gluon-ops/ab.py and the GPU tests
+# GPU: its g = 1 case is the prototype measured at 0.40-0.66x the Triton kernel's time, selections
+# equal but for near-ties (results/h200/checks/gluon-select/, 38a02ad), but this generalisation has
+# only been built for sm_90, not run; results/h200/checks/select-gluon-ops/ab.py and the GPU tests
 # (tests/test_gpu_compression.py -k kernels) decide the value.
 PREFERRED_MAX_G = 0
 

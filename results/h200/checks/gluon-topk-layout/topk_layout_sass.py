@@ -1,6 +1,6 @@
 """Static SASS (sm_90a, built on CPU) of the select kernel's top-T merge in isolation: per row and
 merge of 16 candidates into a run of 16 int32 keys, a loop of n_iter merges in three layouts --
-Gluon with a row in one thread's registers (the bitonic network of ../gluon-select/select_gluon.py,
+Gluon with a row in one thread's registers (the bitonic network of src/fsalab/ops/block_select_gluon.py,
 written out as reshape/permute/split/join with min/max: sort the candidates, max with the
 reversed run, merge), Triton's tl.topk + tl.bitonic_merge on a blocked (load) layout, and on an
 MMA result's layout as in ops/block_select.py. Counts the loop body with
@@ -13,7 +13,7 @@ import pathlib
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
-for path in (HERE.parents[3] / "src", HERE.parent / "gluon-select", HERE.parents[3] / "scripts"):
+for path in (HERE.parents[3] / "src", HERE.parents[3] / "scripts"):
     sys.path.insert(0, str(path))
 
 import sass_loop_count as slc  # noqa: E402  (first: it clears TRITON_INTERPRET before triton loads)
@@ -25,7 +25,7 @@ from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from select_gluon import _merge_run  # noqa: E402
+from fsalab.ops.block_select_gluon import _merge_run  # noqa: E402
 
 
 @gluon.jit

@@ -33,12 +33,13 @@ from ._triton import LOG2E_C, interpreting, search_steps
 from .select_common import KEY_NONE, block_key, chunk_ranges, key_bits, key_block, sequence_tile
 
 _SMEM_BUDGET = 227 * 1024  # bytes of shared memory an sm_90 block may use
-# The largest group size at which ``auto`` picks this kernel. 0 until this module has run on the
-# GPU: its g = 1 case is the prototype measured at 0.40-0.66x the Triton kernel's time, selections
-# equal but for near-ties (results/h200/checks/gluon-select/, 38a02ad), but this generalisation has
-# only been built for sm_90, not run; results/h200/checks/select-gluon-ops/ab.py and the GPU tests
-# (tests/test_gpu_compression.py -k kernels) decide the value.
-PREFERRED_MAX_G = 0
+# The largest group size at which ``auto`` picks this kernel: the largest measured. On the H200 at
+# 64K tokens, 4 KV heads, d = 128, bf16 (results/h200/checks/select-gluon-ops/, 8ecc35e) it took
+# 0.43 / 0.56 / 0.71 / 0.71 / 0.80x the Triton kernel's time at g = 1 / 2 / 4 / 5 / 8, (64, 16), and
+# 0.68 / 0.80x at g = 1 / 4, (128, 8); selections equal but for 1-2 rows of 262 144 (near-ties:
+# the heads' fp32 sum runs in another order); tests/test_gpu_compression.py -k kernels passed
+# (g = 1-6 and 8, d = 64-256, fp16/bf16, a packed batch). g = 9-12 build but have not run.
+PREFERRED_MAX_G = 8
 
 
 # --- bitonic network on [ROWS, N] with each row in one thread: register renames and min/max ----------

@@ -33,8 +33,8 @@ def test_select_loop_counted_without_spills():
 
 @pytest.mark.parametrize("g, block_t", [(5, 128), (8, 64)])
 def test_gluon_select_builds_without_spills(g, block_t):
-    """At g = 5 (128 tokens a program, its largest group at d = 128 but for g = 6) and g = 8 (64
-    tokens, each row in two threads)."""
+    """At g = 5 (128 tokens a program; g = 6 is the largest group that still fits at d = 128) and
+    g = 8 (64 tokens, each row in two threads)."""
     from fsalab.ops.block_select_gluon import shared_bytes, tokens_per_program
 
     assert tokens_per_program(g, 128, 64) == block_t

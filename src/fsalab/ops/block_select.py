@@ -39,7 +39,7 @@ from ._triton import next_pow2 as _next_pow2
 from ._triton import search_steps as _search_steps
 from ._triton import tile_config as _tile_config
 from ._triton import unit_last_stride as _unit_last_stride
-from .select_common import KEY_NONE, block_key, chunk_ranges, key_bits, key_block, sequence_tile
+from .select_common import KEY_NONE, block_key, chunk_ranges, forced_score, key_bits, key_block, sequence_tile
 
 try:  # the Gluon kernel for Hopper (block_select_gluon); Triton builds without Gluon use the Triton one
     from . import block_select_gluon as _gluon_kernel
@@ -139,8 +139,7 @@ def _merge_chunk(ch, run, carry, q, lse2, q_lo, lse2_lo, kc_ptr, c_start, n_cmp,
     carry = tl.sum(tl.where(bb[None, :] == BB - 1, spill, 0.0), axis=1)
     blk = ch * BB + bb[None, :]
     if MASKED:
-        forced = (blk < INIT) | (blk > own[:, None] - LOCAL)
-        score = tl.where(forced, float("inf"), score)
+        score = forced_score(score, blk, own[:, None], INIT, LOCAL)
         key = tl.where(t_ok[:, None] & (blk <= own[:, None]), block_key(score, blk, kb), KEY_NONE)
     else:
         key = block_key(score, blk, kb)

@@ -30,7 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from ._triton import LOG2E_C, interpreting, search_steps
-from .select_common import KEY_NONE, block_key, chunk_ranges, key_bits, key_block, sequence_tile
+from .select_common import KEY_NONE, block_key, chunk_ranges, forced_score, key_bits, key_block, sequence_tile
 
 _SMEM_BUDGET = 227 * 1024  # bytes of shared memory an sm_90 block may use
 # The largest group size at which ``auto`` picks this kernel: the largest measured. On the H200 at
@@ -171,8 +171,7 @@ def _chunk(ch, run, carry, q_smem, k_smem, lse_smem, kc_ptr, c_start, n_cmp, kvh
     carry = gl.convert_layout(_last(spill, BLOCK_T, BB), gl.SliceLayout(1, KEY))
     blk = ch * BB + gl.arange(0, BB, layout=gl.SliceLayout(0, KEY))[None, :]
     if MASKED:
-        forced = (blk < INIT) | (blk > own[:, None] - LOCAL)
-        score = gl.where(forced, float("inf"), score)
+        score = forced_score(score, blk, own[:, None], INIT, LOCAL)
         key = gl.where(t_ok[:, None] & (blk <= own[:, None]), block_key(score, blk, kb), KEY_NONE)
     else:
         key = block_key(score, blk, kb)

@@ -65,7 +65,7 @@ import triton.language as tl
 
 from ..checks import KERNEL_DTYPES, MAX_GROUP, check_kernel_call, check_tensor
 from .block_select import _empty_run, _merge_topk, _store_ascending
-from .select_common import KEY_NONE, block_key, key_bits
+from .select_common import KEY_NONE, block_key, forced_score, key_bits
 from .decode_cache import NSADecodeCache
 from ._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, cdiv, dot_precision, next_pow2, unit_last_stride
 
@@ -404,8 +404,7 @@ def _score_kernel(
         hi_t = tl.minimum(jj[:, None] * S + L, blk[None, :] * BS + BS)
         w = (tl.maximum(hi_t - lo_t, 0) // S).to(tl.float32)  # [JT, BB] overlap in strides
         score = tl.sum(ps[:, None] * w, 0)
-        forced = (blk < INIT) | (blk > own - LOCAL)
-        score = tl.where(forced, float("inf"), score)
+        score = forced_score(score, blk, own, INIT, LOCAL)
         key = tl.where((blk < bhi) & (bb < BB - 1), block_key(score, blk, kb), KEY_NONE)
         run = _merge_topk(run, key[None, :], T_P)
     out = keys_ptr + ((b * n_kv_heads + kvh) * n_splits + sp).to(tl.int64) * T_P

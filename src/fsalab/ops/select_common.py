@@ -3,8 +3,9 @@ prefill kernels' tile geometry (``block_select``'s Triton kernel and ``block_sel
 Gluon one, which calls these ``@triton.jit`` helpers as well).
 
 Keys: a block's score and index packed into one int32, so that "larger key" is "larger score,
-then lower block" and a top-T is a top-T of integers. Tiles: BLOCK_T tokens of one sequence per
-program, never straddling sequences, and the score loop's chunks in three ranges.
+then lower block" and a top-T is a top-T of integers; forced blocks rank on top (+inf score).
+Tiles: BLOCK_T tokens of one sequence per program, never straddling sequences, and the score
+loop's chunks in three ranges.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ def block_key(score, blk, kb):
     v = tl.where(e < 103, 0, ((e - 103) << 23) | (bits & 0x7FFFFF))
     v = tl.where((e >= 255) | (v > 0x0FFFFFFF), 0x0FFFFFFF, v)
     return ((v >> (kb - 3)) << kb) | (((1 << kb) - 1) - blk)
+
+
+@triton.jit
+def forced_score(score, blk, own, INIT: tl.constexpr, LOCAL: tl.constexpr):
+    """NSA's forced blocks ranked above every score: block blk's score, or +inf where blk is one of
+    the INIT first blocks or of the LOCAL blocks ending at own (the token's own block). The
+    forcing rule of prefill and decode alike."""
+    return tl.where((blk < INIT) | (blk > own - LOCAL), float("inf"), score)
 
 
 @triton.jit

@@ -227,9 +227,9 @@ def _bind_nsa(impl: str, options: dict) -> BoundOp:
 
     def fn(x: Inputs):
         t = x.tensors
+        o_win = parts.window(t["q"], t["k"], t["v"], x.cu_seqlens, x.cfg.window_size)  # first: as the module
         o_cmp, block_idx = _compress_and_select(parts.compression, x)
         o_slc = parts.selected(t["q"], t["k"], t["v"], block_idx, x.cu_seqlens, x.cfg.block_size)
-        o_win = parts.window(t["q"], t["k"], t["v"], x.cu_seqlens, x.cfg.window_size)
         dt = o_cmp.dtype  # the reference window branch (CPU) returns fp32; the fused sum takes one dtype
         return parts.gated_sum(o_cmp, o_slc.to(dt), o_win.to(dt), t["gate"]), block_idx
 

@@ -7,8 +7,9 @@ B: the window branch launched first (it needs only q, k, v), so its kernel runs 
 `auto`, (64, 16), 4 KV heads, d = 128, bf16, value checks off. Per point, interleaved rounds
 (30 rounds, A B C and C B A alternately): sync, L2 flush (256 MiB zero), CUDA events around one call; plus each variant's host
 enqueue time (no sync after the call) and A's CUDA-graph replay (device time). The outputs of A,
-B and C are compared (must be equal: same kernels, other order). For 32K/64K g = 1 fwd, a compact
-timeline of one call of A and B (kernel starts and durations, host launch-API calls), in the JSON.
+B and C are compared (forward: equal; fwd+bwd's dq may differ in rounding, as its branch
+gradients are summed in another order). For 32K/64K g = 1 fwd, a compact timeline of one call
+of A and B (kernel starts and durations, host launch-API calls), in the JSON.
 Usage on the H200 (repo root): PYTHONPATH=src python results/h200/checks/ab-window-first/ab_window_first.py out.json
 """
 import json, statistics, sys, time

@@ -252,16 +252,20 @@ def _compress_dpe_kernel(
 ):
     """dpe[h, x] = sum_n w_k[h, x, n] * sum_r dk_cmp[r, h, n] over the valid rows (pe is added to
     every window). One program per (head, tile of x); each sums the rows itself (rows x d, L2
-    hits) so that no program waits on another and the sum order is fixed (no atomics)."""
+    hits) so that no program waits on another and the sum order is fixed (no atomics). The rows
+    accumulate elementwise into a [BLOCK_R, d] tile (<= 4096 fp32: no spills at d = 64-256), reduced
+    across rows once after the loop: a reduction per step put a cross-warp round trip into every
+    iteration of the loop."""
     h = tl.program_id(0)
     nn = tl.arange(0, D_PAD)
     n_ok = nn < HEAD_DIM
-    dsum = tl.zeros([D_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, D_PAD], dtype=tl.float32)
     for r0 in range(0, rows, BLOCK_R):
         r = r0 + tl.arange(0, BLOCK_R)
         valid = tl.load(tab_ptr + r, mask=r < rows, other=-1) >= 0
         g = tl.load(dkc_ptr + r.to(tl.int64)[:, None] * s_gt + h * s_gh + nn[None, :], mask=valid[:, None] & n_ok[None, :], other=0.0)
-        dsum += tl.sum(g.to(tl.float32), axis=0)
+        acc += g.to(tl.float32)
+    dsum = tl.sum(acc, axis=0)
     xx = tl.program_id(1) * BLOCK_X + tl.arange(0, BLOCK_X)
     x_ok = xx < LX
     w = tl.load(wk_ptr + h * s_wh + xx[:, None] * s_wx + nn[None, :], mask=x_ok[:, None] & n_ok[None, :], other=0.0)
@@ -329,10 +333,10 @@ class _CompressKV(torch.autograd.Function):
             dpe = torch.zeros_like(pe)
         elif ctx.needs_input_grad[4]:
             dpe = torch.empty_like(pe, memory_format=torch.contiguous_format)
-            lx, block_x = cfg.kernel_size * d, 64
+            lx, block_x, d_pad = cfg.kernel_size * d, 64, _next_pow2(max(d, 16))
             _compress_dpe_kernel[(h_kv, _cdiv(lx, block_x))](
                 dk_cmp, w_k, dpe, tab, rows, dk_cmp.stride(0), dk_cmp.stride(1), w_k.stride(0), w_k.stride(1),
-                dpe.stride(0), HEAD_DIM=d, LX=lx, D_PAD=_next_pow2(max(d, 16)), BLOCK_R=64, BLOCK_X=block_x,
+                dpe.stride(0), HEAD_DIM=d, LX=lx, D_PAD=d_pad, BLOCK_R=min(64, 4096 // d_pad), BLOCK_X=block_x,
             )
         return dk, dv, dw_k, dw_v, dpe, None, None, None
 

@@ -200,7 +200,7 @@ class NativeSparseAttention(nn.Module):
             cache.fill(k, k_plain, v, k_cmp, v_cmp, cu_seqlens)
 
         # The window branch needs only q, k, v: launched first, its kernel runs while the host
-        # prepares the compression branch's launches (eager calls are host-bound up to ~32K).
+        # prepares the compression branch's launches (eager calls at g = 1 are host-bound up to ~32K).
         o_win, _ = window_op(self.window_impl, x.device)(q, k, v, cu_seqlens, cfg.window_size)
         o_cmp, lse_cmp = cmp.compressed_attention(q, k_cmp, v_cmp, cu_seqlens, cu_cmp, cfg)
         block_idx = cmp.select_blocks(q, k_cmp, lse_cmp, cu_seqlens, cu_cmp, cfg)

@@ -3,7 +3,8 @@ kernel and FSA's forward and backward tile kernels for sm_90a on CPU, finds thei
 refuses an edit it cannot place; the select kernel's 128-row, 8-warp tile at g = 4 (the GPU's
 config there) spills nothing; and the Gluon select kernel at g = 5 and 8 spills nothing and asks
 for the shared memory ``block_select_gluon.shared_bytes`` estimates, the estimate its
-``tokens_per_program`` and ``runs`` rules rest on."""
+``tokens_per_program`` and ``runs`` rules rest on. scripts/ptxas_report.py builds any kernel
+(here compress_kv's dpe kernel, spill-free at the tiles its launch picks)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,20 @@ def test_same_as_tells_an_equal_kernel_from_a_changed_one(tmp_path):
         out = _run("--kernel", "fsa_partial", "--config", "4,128,4", "--same-as", str(other))
         assert out.returncode == 0, out.stderr[-3000:]
         assert f"whole SASS {word} {other}'s" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("d, block_r", [(128, 64), (256, 32)])
+def test_ptxas_report_dpe_builds_without_spills(d, block_r):
+    """scripts/ptxas_report.py (the perf-log's register counts of kernels sass_loop_count has no
+    plan for) builds compress_kv's dpe kernel at the row tile its launch picks, min(64, 8192 / d),
+    with the launcher's stride hints, and it spills nothing."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its NVIDIA backend")
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("ptxas_report.py")), "fsalab.ops.compress_kv:_compress_dpe_kernel",
+         f"--const=HEAD_DIM={d}", f"--const=LX={32 * d}", f"--const=D_PAD={d}", f"--const=BLOCK_R={block_r}",
+         "--const=BLOCK_X=64", "--ptr=tab_ptr=i32", "--int=s_*=16", "--int=rows=4096"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    m = re.search(r"(\d+) registers, (\d+) B spilled", out.stdout)
+    assert m and int(m.group(1)) <= 255 and int(m.group(2)) == 0, out.stdout

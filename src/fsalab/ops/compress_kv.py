@@ -253,9 +253,9 @@ def _compress_dpe_kernel(
     """dpe[h, x] = sum_n w_k[h, x, n] * sum_r dk_cmp[r, h, n] over the valid rows (pe is added to
     every window). One program per (head, tile of x); each sums the rows itself (rows x d, L2
     hits) so that no program waits on another and the sum order is fixed (no atomics). The rows
-    accumulate elementwise into a [BLOCK_R, d] tile (<= 4096 fp32: no spills at d = 64-256), reduced
-    across rows once after the loop: a reduction per step put a cross-warp round trip into every
-    iteration of the loop."""
+    accumulate elementwise into a [BLOCK_R, d] tile (<= 8192 fp32: sm_90 builds spill-free at
+    d = 64-256, scripts/ptxas_report.py), reduced across rows once after the loop: a reduction
+    per step put a cross-warp round trip into every iteration of the loop."""
     h = tl.program_id(0)
     nn = tl.arange(0, D_PAD)
     n_ok = nn < HEAD_DIM
@@ -336,7 +336,7 @@ class _CompressKV(torch.autograd.Function):
             lx, block_x, d_pad = cfg.kernel_size * d, 64, _next_pow2(max(d, 16))
             _compress_dpe_kernel[(h_kv, _cdiv(lx, block_x))](
                 dk_cmp, w_k, dpe, tab, rows, dk_cmp.stride(0), dk_cmp.stride(1), w_k.stride(0), w_k.stride(1),
-                dpe.stride(0), HEAD_DIM=d, LX=lx, D_PAD=d_pad, BLOCK_R=min(64, 4096 // d_pad), BLOCK_X=block_x,
+                dpe.stride(0), HEAD_DIM=d, LX=lx, D_PAD=d_pad, BLOCK_R=min(64, 8192 // d_pad), BLOCK_X=block_x,
             )
         return dk, dv, dw_k, dw_v, dpe, None, None, None
 

@@ -15,7 +15,7 @@ import torch
 
 from ..config import NSAConfig
 from .decode_cache import NSADecodeCache, compression_window
-from .reference import _compute_dtype, _finite_values, _softmax_attend, gated_sum
+from .reference import _compute_dtype, _finite_values, _softmax_attend, gated_sum, ranked_scores
 
 
 def compress_step(
@@ -123,9 +123,7 @@ def nsa_decode(
     score = p.sum(2) @ _overlap_weights(rows, nb, cfg, dev).to(dt)  # [batch, h_kv, nb]
     own = ((n - 1) // bs)[:, None, None]
     blocks = torch.arange(nb, device=dev)
-    forced = (blocks < cfg.init_blocks) | ((blocks > own - cfg.local_blocks) & (blocks <= own))
-    score = torch.where(forced, torch.full_like(score, float("inf")), score)
-    score = torch.where(blocks > own, torch.full_like(score, float("-inf")), score)
+    score = ranked_scores(score, blocks, own, cfg.init_blocks, cfg.local_blocks)
     order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., : cfg.topk]
     chosen = torch.where(torch.gather(score, -1, order) > float("-inf"), order, torch.full_like(order, nb))
     chosen = torch.sort(chosen, dim=-1).values

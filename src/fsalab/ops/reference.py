@@ -227,10 +227,22 @@ def _block_score_chunks(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, cfg, scal
         lse = lse_g[lo:hi].unsqueeze(-1)
         p = torch.where(mask & torch.isfinite(lse), torch.exp(logits - lse), torch.zeros_like(logits))
         score = p.sum(2) @ weights  # [c, h_kv, num_blocks]
-        own = own_all[lo:hi, None, None]
-        forced = (blocks < cfg.init_blocks) | ((blocks > own - cfg.local_blocks) & (blocks <= own))
-        score = torch.where(forced, torch.full_like(score, float("inf")), score)
-        yield lo, hi, torch.where(blocks > own, torch.full_like(score, float("-inf")), score)
+        yield lo, hi, ranked_scores(score, blocks, own_all[lo:hi, None, None], cfg.init_blocks, cfg.local_blocks)
+
+
+def forced_blocks(blocks: torch.Tensor, own: torch.Tensor, init_blocks: int, local_blocks: int) -> torch.Tensor:
+    """bool (blocks and own broadcast): NSA's forced blocks of a token whose own block is ``own``,
+    the init_blocks first blocks and the local_blocks blocks ending at the own block (causal
+    ones only). The torch twin of ``select_common.forced_score``."""
+    return (blocks < init_blocks) | ((blocks > own - local_blocks) & (blocks <= own))
+
+
+def ranked_scores(score: torch.Tensor, blocks: torch.Tensor, own: torch.Tensor, init_blocks: int,
+                  local_blocks: int) -> torch.Tensor:
+    """What the top-T ranks: ``score`` with the forced blocks at +inf and the blocks after the
+    own block at -inf (prefill's and decode's references alike)."""
+    score = torch.where(forced_blocks(blocks, own, init_blocks, local_blocks), float("inf"), score)
+    return torch.where(blocks > own, float("-inf"), score)
 
 
 @torch.no_grad()

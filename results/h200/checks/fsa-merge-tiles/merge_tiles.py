@@ -3,8 +3,8 @@ warps and pipeline stages, for the forward's LSE merge and the backward's dq SUM
 
 The merges move the selected branch's partials back (64K, g = 4, (64, 16): 1.33 ms forward for
 ≈ 4.4 GB read, 3.3 TB/s; 1.56 ms for the backward's two, perf-log "Versus, prefill and the GPU
-suite at 570fc02"); the tree launches BLOCK_R = max(next_pow2(G), 64) rows on 4 warps. Here one
-chunk's partials are made by the tree's own launches (fsa._launch_partial / _launch_dkdv on the
+suite at 570fc02"); the tree (87fa029, when this ran) launched BLOCK_R = max(next_pow2(G), 64) rows
+on 4 warps. Here one chunk's partials are made by the tree's own launches (fsa._launch_partial / _launch_dkdv on the
 benchmark's inputs and selection), then the merge of that chunk is timed alone under each
 config (do_bench median, L2 flushed) and its output compared with the tree's config's (equal:
 every row sums the same slots in the same order). Bytes: each program reads its rows' slots'
@@ -102,7 +102,7 @@ for g in (1, 4, 5):
     del x, pb, obuf, lbuf, dqbuf
     torch.cuda.empty_cache()
 json.dump(res, open(sys.argv[1], "w"), indent=1)
-TREE = CONFIGS.index((64, 4, 3))  # _launch_merge: 64 rows at g <= 16, 4 warps, Triton's default 3 stages
+TREE = CONFIGS.index((64, 4, 3))  # _launch_merge at 87fa029: 64 rows at g <= 16, 4 warps, Triton's default 3 stages
 print("\nbest per merge against the tree's config:")
 for tag, r in res.items():
     best = min(r["rows"], key=lambda x: x["ms"])

@@ -28,7 +28,7 @@ block_idx int32 [total, h_kv, topk] (local block ids, ascending, -1 padding), cu
 Partial outputs are kept in q's dtype (normalised, so bounded by max |v|), as are the fused
 backward's dq partials (summed in fp32 by the merge); the dq partials of the paper's backward
 and of the over-budget fallback (``_dq_by_chunks``), and the dK/dV accumulators, in fp32.
-Heads are processed in chunks whose partial buffers fit g x ``fsa_plan.BUFFER_BUDGET_BYTES``.
+Heads are processed in chunks whose partial buffers fit max(g, 2) x ``fsa_plan.BUFFER_BUDGET_BYTES``.
 No host synchronisation: every grid and buffer is sized from shapes and the index lists are
 built on device once per forward and reused by the backward.
 """

@@ -25,10 +25,15 @@ from . import worklist
 from .index import SelectionIndex
 
 # Bytes of per-entry partial buffers (partial o / lse, or dq) alive at once, per query head of a
-# group (the bound is g x this): heads are processed in chunks that fit. At 64K tokens, (64, 16),
-# d = 128 a whole group fits for any g (fwd 272 MB, fp32 dq 512 MiB per head), and at g = 1 the
-# extra memory stays under 1 GiB (index lists and outputs come on top).
+# group (the bound is max(g, MIN_BUDGET_HEADS) x this): heads are processed in chunks that fit.
+# At 64K tokens, (64, 16), d = 128 a whole group fits for any g (fwd 272 MB, fp32 dq 512 MiB per
+# head).
 BUFFER_BUDGET_BYTES = 512 << 20
+# At g = 1 the budget is that of two heads (1 GiB; index lists and outputs come on top): each
+# chunk costs three launches, and short calls are bound by the host's launches. One chunk
+# instead of two took 0.96x the time of the eager forward at 32K, g = 1 (perf-log, "Window branch
+# first"); at 64K the forward runs in 2 chunks instead of 4 and the fused backward in 1 instead of 2.
+MIN_BUDGET_HEADS = 2
 # Bytes of the fp32 dK/dV partials of rows split across several backward programs.
 SPLIT_BUDGET_BYTES = 64 << 20
 # Fewest tiles a backward program gets before long rows are split.
@@ -95,12 +100,13 @@ class Chunk:
 
 
 def head_chunks(h_kv: int, g: int, per_head_bytes: int, allow_partial_groups: bool = True) -> list[Chunk]:
-    """Split the heads so that per_head_bytes * heads-in-chunk stays within g * BUFFER_BUDGET_BYTES.
+    """Split the heads so that per_head_bytes * heads-in-chunk stays within
+    max(g, MIN_BUDGET_HEADS) * BUFFER_BUDGET_BYTES.
 
     With allow_partial_groups=False a chunk always holds whole groups (at least one, even over
     budget): the fused backward needs every head of a group to finish a KV head's dK/dV.
     """
-    fit = max(1, g * BUFFER_BUDGET_BYTES // max(1, per_head_bytes))
+    fit = max(1, max(g, MIN_BUDGET_HEADS) * BUFFER_BUDGET_BYTES // max(1, per_head_bytes))
     if fit >= g or not allow_partial_groups:
         per = max(1, min(h_kv, fit // g))
         return [Chunk(hk, min(per, h_kv - hk), 0, g) for hk in range(0, h_kv, per)]

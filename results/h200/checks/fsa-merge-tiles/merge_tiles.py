@@ -9,9 +9,10 @@ benchmark's inputs and selection), then the merge of that chunk is timed alone u
 config (do_bench median, L2 flushed) and its output compared with the tree's config's (equal:
 every row sums the same slots in the same order). Bytes: each program reads its rows' slots'
 partials once (o in q's dtype, lse fp32) and writes o.
-Usage on the H200 (repo root): PYTHONPATH=src python results/h200/checks/fsa-merge-tiles/merge_tiles.py out.json
+Usage on the H200 (repo root): [MERGE_G=1,4,5] PYTHONPATH=src python results/h200/checks/fsa-merge-tiles/merge_tiles.py out.json
 """
 import json
+import os
 import sys
 
 import torch
@@ -40,7 +41,7 @@ def merge(pb, c, mode, obuf, lbuf, out, lse_out, block_r, warps, stages):
 
 
 res = {}
-for g in (1, 4, 5):
+for g in [int(x) for x in os.environ.get("MERGE_G", "1,4,5").split(",")]:
     p = {"N": 65536, "g": g, "h_kv": 4, "d": 128, "batch": 1, "block_size": 64, "topk": 16, "dtype": "bfloat16",
          "kernel_size": 32, "kernel_stride": 16, "init_blocks": 1, "local_blocks": 2, "window_size": 512, "seed": 0}
     x = make_inputs(p, dev, need_indices=True)

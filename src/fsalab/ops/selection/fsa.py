@@ -174,11 +174,13 @@ def _launch_merge(pb, chunk, mode, obuf, lbuf, out, lse_out):
     """Merge the chunk's partials per (token, head) into out [total, h, d] and/or lse_out [total, h]
     (LSE_ONLY: lse_out, and out [total, h] fp32 gets the same log-sum-exp in log2 units)."""
     G = chunk.heads
-    # Rows (token-major x G heads) per program: 128 for grouped heads, 64 at G = 1. H200, 64K,
-    # (64, 16), results/h200/checks/fsa-merge-tiles: at G = 4 / 5 128 rows take 0.71x / 0.49x the
-    # time of 64 in the dq SUM merge and 0.93x in the forward's LSE merge; at G = 1 they take 2x
-    # in the dq merge. 8 warps or 256 rows were slower at every G.
-    block_r = 64 if G == 1 else max(next_pow2(G), 128)
+    # Rows (token-major x G heads) per program, 4 warps: H200, 64K, (64, 16), each merge timed alone
+    # under 8 tiles (results/h200/checks/fsa-merge-tiles). Against 64 rows, 128 take 0.72x /
+    # 0.71x / 0.49x the time of the dq SUM merge at G = 2 / 4 / 5 and 0.86x / 0.93x of the
+    # forward's LSE merge at G = 2 / 4 (g = 5's forward merges 4 + 1 heads), but 2x in the dq
+    # merge at G = 1 and G = 8; from G = 8 on 32 rows (4 or 2 tokens) take 0.86x / 0.89x
+    # (G = 8 / 16) in the dq merge and 0.99x in the forward's.
+    block_r = 64 if G == 1 else 128 if G < 8 else max(32, next_pow2(G))
     tok = block_r // G
     dummy = pb.q
     _merge_kernel[(cdiv(pb.total, tok), chunk.n_kv)](

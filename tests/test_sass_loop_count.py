@@ -106,4 +106,4 @@ def test_ptxas_report_dpe_builds_without_spills(d, block_r):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     m = re.search(r"(\d+) registers, (\d+) B spilled", out.stdout)
-    assert m and int(m.group(1)) <= 255 and int(m.group(2)) == 0, out.stdout
+    assert m and int(m.group(2)) == 0, out.stdout

@@ -145,21 +145,21 @@ def test_pow2_chunks_cover_each_head_once(g, parts):
     assert fsa_plan.head_parts(g) == (parts[0], g - parts[0])
 
 
-@pytest.mark.parametrize("g,per_head_mib,chunks", [
-    (1, 136, [(0, 4)]),  # 32K forward: four heads fit two heads' budget (1 GiB)
-    (1, 272, [(0, 3), (3, 1)]),  # 64K forward
-    (1, 600, [(0, 1), (1, 1), (2, 1), (3, 1)]),  # over half the floor: one head a chunk
-    (4, 272, [(0, 1), (1, 1), (2, 1), (3, 1)]),  # 64K forward at g = 4: budget 4 heads' (2 GiB)
-    (4, 136, [(0, 3), (3, 1)]),
+@pytest.mark.parametrize("n,g,fwd,chunks", [
+    (32768, 1, True, [(0, 4)]),  # two heads' budget (1 GiB) holds all four at 32K
+    (65536, 1, True, [(0, 3), (3, 1)]),
+    (65536, 1, False, [(0, 4)]),  # the fused backward's bf16 dq partials
+    (131072, 1, True, [(0, 1), (1, 1), (2, 1), (3, 1)]),  # over half the floor: a head a chunk
+    (65536, 4, True, [(0, 1), (1, 1), (2, 1), (3, 1)]),  # g = 4: the group's own budget (2 GiB)
 ])
-def test_head_chunks_budget(g, per_head_mib, chunks):
-    """Chunks of whole groups within max(g, MIN_BUDGET_HEADS) x BUFFER_BUDGET_BYTES: at g = 1 the
-    budget is two heads', so short calls run in fewer chunks (three launches each)."""
-    plan = fsa_plan.head_chunks(4, g, per_head_mib << 20)
+def test_head_chunks_budget(n, g, fwd, chunks):
+    """Head chunks of 4 KV heads at (64, 16), d = 128, bf16 partials, within
+    max(g, MIN_BUDGET_HEADS) x BUFFER_BUDGET_BYTES: at g = 1 the budget is two heads', so short
+    calls run in fewer chunks (three launches each)."""
+    per_head = fsa_plan.partial_bytes(n, 16, 128, 2, with_lse=fwd)
+    plan = fsa_plan.head_chunks(4, g, per_head, allow_partial_groups=fwd)
     assert [(c.hk0, c.n_kv) for c in plan] == chunks
     assert all((c.j0, c.heads) == (0, g) for c in plan)
-    budget = max(g, fsa_plan.MIN_BUDGET_HEADS) * fsa_plan.BUFFER_BUDGET_BYTES
-    assert all(c.n_kv * g * (per_head_mib << 20) <= budget or c.n_kv == 1 for c in plan)
 
 
 @pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])

@@ -28,7 +28,8 @@ block_idx int32 [total, h_kv, topk] (local block ids, ascending, -1 padding), cu
 Partial outputs are kept in q's dtype (normalised, so bounded by max |v|), as are the fused
 backward's dq partials (summed in fp32 by the merge); the dq partials of the paper's backward
 and of the over-budget fallback (``_dq_by_chunks``), and the dK/dV accumulators, in fp32.
-Heads are processed in chunks whose partial buffers fit max(g, 2) x ``fsa_plan.BUFFER_BUDGET_BYTES``.
+Heads are processed in chunks whose partial buffers fit max(g, ``fsa_plan.MIN_BUDGET_HEADS``) x
+``fsa_plan.BUFFER_BUDGET_BYTES``.
 No host synchronisation: every grid and buffer is sized from shapes and the index lists are
 built on device once per forward and reused by the backward.
 """
@@ -109,6 +110,10 @@ class _Problem:
     def entries(self, n_kv: int) -> int:
         """Upper bound on the entries of n_kv KV heads."""
         return self.total * self.topk * n_kv
+
+    def partial_bytes(self, itemsize: int, with_lse: bool) -> int:
+        """Bytes of one query head's partial buffer (``fsa_plan.partial_bytes``)."""
+        return plan.partial_bytes(self.total, self.topk, self.d, itemsize, with_lse)
 
 
 def _prepare(q, k, v, block_idx, cu_seqlens, block_size, scale) -> _Problem:
@@ -212,7 +217,7 @@ def _work(pb: _Problem, tiles: plan.Tiles, cache: dict) -> plan.WorkList:
 def _forward_fast(pb: _Problem):
     o = torch.empty_like(pb.q)
     lse = torch.empty(pb.total, pb.h, dtype=torch.float32, device=pb.q.device)
-    chunks = plan.pow2_chunks(plan.head_chunks(pb.h_kv, pb.g, pb.total * pb.topk * (pb.d * pb.q.element_size() + 4)))
+    chunks = plan.pow2_chunks(plan.head_chunks(pb.h_kv, pb.g, pb.partial_bytes(pb.q.element_size(), True)))
     obuf, lbuf = _chunk_buffers(pb, chunks, pb.q.dtype, True)
     works: dict = {}
     v_bad_rows = _nonfinite_blocks(pb)
@@ -233,7 +238,7 @@ def _paper_switches(pb: _Problem, early_return: bool):
 def _forward_paper(pb: _Problem, inner_loop: bool, early_return: bool):
     o = torch.empty_like(pb.q)
     lse = torch.empty(pb.total, pb.h, dtype=torch.float32, device=pb.q.device)
-    chunks = plan.head_chunks(pb.h_kv, pb.g, pb.total * pb.topk * (pb.d * pb.q.element_size() + 4))
+    chunks = plan.head_chunks(pb.h_kv, pb.g, pb.partial_bytes(pb.q.element_size(), True))
     obuf, lbuf = _chunk_buffers(pb, chunks, pb.q.dtype, True)
     switches = _paper_switches(pb, early_return)
     tiles = plan.fwd_tiles(1, pb.D, pb.block_size, paper=True, inner_loop=inner_loop)
@@ -307,7 +312,7 @@ def _dkdv_all_heads(pb, do, lse, delta, dk, dv):
 def _dq_by_chunks(pb, do, lse, delta, dq, paper_switches=None, inner_loop=True):
     """dq partials (_partial_kernel, DQ mode) and their sum, by head chunks: the paper's grid
     (one query head per program) with paper_switches, else work lists over grouped heads."""
-    chunks = plan.head_chunks(pb.h_kv, pb.g, pb.total * pb.topk * pb.d * 4)
+    chunks = plan.head_chunks(pb.h_kv, pb.g, pb.partial_bytes(4, False))
     dqbuf, _ = _chunk_buffers(pb, chunks, torch.float32, False)
     works: dict = {}
     for c in chunks:
@@ -332,7 +337,7 @@ def _backward_fast(pb: _Problem, o, lse, do, dlse):
     delta = _delta(o, do, dlse)
     dq, dk, dv = torch.empty_like(pb.q), torch.empty_like(pb.k), torch.empty_like(pb.v)
     dq_dtype = _fused_dq_dtype(pb)
-    per_head = pb.total * pb.topk * pb.d * dq_dtype.itemsize
+    per_head = pb.partial_bytes(dq_dtype.itemsize, False)
     if not plan.fits_whole_groups(per_head):
         # A group's dq partials exceed the budget: dK/dV for all heads at once, dq by head chunks.
         _dkdv_all_heads(pb, do, lse, delta, dk, dv)

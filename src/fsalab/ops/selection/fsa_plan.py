@@ -30,9 +30,12 @@ from .index import SelectionIndex
 # head).
 BUFFER_BUDGET_BYTES = 512 << 20
 # At g = 1 the budget is that of two heads (1 GiB; index lists and outputs come on top): each
-# chunk costs three launches, and short calls are bound by the host's launches. One chunk
-# instead of two took 0.96x the time of the eager forward at 32K, g = 1 (perf-log, "Window branch
-# first"); at 64K the forward runs in 2 chunks instead of 4 and the fused backward in 1 instead of 2.
+# chunk costs three launches, and short calls are bound by the host's launches. 32K runs in one
+# chunk instead of two, 64K's forward in 2 instead of 4 and its fused backward in 1 instead of 2
+# (tests/test_selection_fsa.py::test_head_chunks_budget). H200, 32K, g = 1 forward: one chunk for
+# every head took 0.975 / 1.017 of the eager time of the tree's order in the window-first A/B
+# (perf-log); versus at a8e0967: 0.98x replayed from a CUDA graph, the eager gain hidden by
+# another machine's slower host.
 MIN_BUDGET_HEADS = 2
 # Bytes of the fp32 dK/dV partials of rows split across several backward programs.
 SPLIT_BUDGET_BYTES = 64 << 20
@@ -135,6 +138,12 @@ def pow2_chunks(chunks: list[Chunk]) -> list[Chunk]:
             out.append(Chunk(c.hk0, c.n_kv, j0, part))
             j0, left = j0 + part, left - part
     return out
+
+
+def partial_bytes(total: int, topk: int, d: int, itemsize: int, with_lse: bool) -> int:
+    """Bytes of one query head's per-entry partials: total x topk entries of d elements of
+    ``itemsize`` bytes, plus an fp32 lse each when ``with_lse`` (the forward's)."""
+    return total * topk * (d * itemsize + (4 if with_lse else 0))
 
 
 def fits_whole_groups(per_head_bytes: int) -> bool:

@@ -6,8 +6,9 @@ own ptxas and cuobjdump do the work. Kernels:
   masks, at the sequence's start and the tile's diagonal, and without, for the chunks in
   between: ``--loops 2``), counted per thread and chunk of 16 blocks, and per token over all
   threads.
-- ``select_gluon``: block_select_gluon's ``select_kernel`` (Gluon, 128 tokens a program and 4
-  warps, one token's row per thread: ``--config G,128,4``), the same loops counted likewise, and
+- ``select_gluon``: block_select_gluon's ``select_kernel`` (Gluon, 4 warps, 128 tokens a program
+  with one token's row per thread or 64 with each row in two threads: ``--config G,BLOCK_T,4``;
+  the keys' prefetch as the launch's rule sets it), the same loops counted likewise, and
   the shared memory the build asks for (``block_select_gluon.shared_bytes`` estimates it).
 - ``fsa_partial``: FSA's forward ``_partial_kernel`` in its FAST mode (work list, no containment
   pass), and ``fsa_dkdv``: the fused backward's ``_dkdv_kernel`` (dK/dV and the dq partials);
@@ -126,8 +127,9 @@ KERNELS = {
         {"lse_ptr": "*fp32", "cu_ptr": "*i32", "cuc_ptr": "*i32", "out_ptr": "*i32"}, ("qk_scale",),
         lambda g: dict(batch=1, steps=search_steps(1), s_qt=4 * g * D, s_qh=D, s_kt=H_KV * D, s_kh=D, s_lt=4 * g,
                        s_lh=1, s_ot=H_KV * TOPK, s_oh=TOPK),
-        lambda g, bm: dict(G=g, D=D, L=32, S=16, BS=BS, TOPK=TOPK, T_P=16, LOG=4, BB=16, INIT=1, LOCAL=2, BLOCK_T=bm),
-        ["1,128,4", "4,128,4", "5,128,4", "8,64,4"],  # G,BLOCK_T,warps as tokens_per_program picks
+        lambda g, bm: dict(G=g, D=D, L=32, S=16, BS=BS, TOPK=TOPK, T_P=16, LOG=4, BB=16, INIT=1, LOCAL=2, BLOCK_T=bm,
+                           PREFETCH=bm == 64),  # block_select_gluon.prefetches
+        ["1,128,4", "2,128,4", "4,64,4", "5,64,4", "8,64,4"],  # G,BLOCK_T,warps as tokens_per_program picks
         "chunk", lambda g, bm: bm, gluon=True),
     "fsa_partial": Kernel(
         "fsalab.ops.selection.fsa_partials", "_partial_kernel",

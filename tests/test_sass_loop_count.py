@@ -1,7 +1,7 @@
 """scripts/sass_loop_count.py, whose counts docs/perf-log.md cites, still builds the select
 kernel and FSA's forward and backward tile kernels for sm_90a on CPU, finds their main loops and
 refuses an edit it cannot place; the select kernel's 128-row, 8-warp tile at g = 4 (the GPU's
-config there) spills nothing; and the Gluon select kernel at g = 5 and 8 spills nothing and asks
+config there) spills nothing; and the Gluon select kernel at g = 2, 5 and 8 spills nothing and asks
 for the shared memory ``block_select_gluon.shared_bytes`` estimates, the estimate its
 ``tokens_per_program`` and ``runs`` rules rest on. scripts/ptxas_report.py builds any kernel
 (here compress_kv's dpe kernel, spill-free at the tiles its launch picks)."""
@@ -32,10 +32,10 @@ def test_select_loop_counted_without_spills():
     assert int(m.group(3)) > 100, out.stdout  # the score loop, not a short index loop
 
 
-@pytest.mark.parametrize("g, block_t", [(5, 128), (8, 64)])
+@pytest.mark.parametrize("g, block_t", [(2, 128), (5, 64), (8, 64)])
 def test_gluon_select_builds_without_spills(g, block_t):
-    """At g = 5 (128 tokens a program; g = 6 is the largest group that still fits at d = 128) and
-    g = 8 (64 tokens, each row in two threads)."""
+    """At g = 2 (128 tokens a program, two an SM), g = 5 (64 tokens, each row in two threads, so that
+    two programs share an SM; keys prefetched) and g = 8 (64 tokens, the largest that fits)."""
     from fsalab.ops.block_select_gluon import shared_bytes, tokens_per_program
 
     assert tokens_per_program(g, 128, 64) == block_t

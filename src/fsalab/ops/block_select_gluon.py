@@ -4,14 +4,16 @@ with a token's candidate row in one thread.
 The Triton kernel keeps the running top-T in the MMA's register layout, where a row is spread over
 four threads and the bitonic network's compare-exchanges become shuffles and selects: at g = 1 those
 are most of its loop (1984 SASS instructions per token and chunk at (64, 16)). Here the layouts are
-explicit: per program 128 tokens of one sequence and one KV head (one warpgroup, 4 warps; 64 tokens,
-each row in two threads, where 128 tokens' q tiles would not fit in shared memory); per chunk
+explicit: per program 128 tokens of one sequence and one KV head (one warpgroup, 4 warps), or 64
+tokens, each row in two threads, where that lets two programs share an SM or 128 tokens' q tiles
+would not fit in shared memory (``tokens_per_program``); per chunk
 of BB blocks (BB * r compressed tokens) the K chunk goes through shared memory into ``wgmma`` with
 each of the group's g query heads in turn (their q tiles stay in shared memory), p = exp2(s·scale -
 lse) is summed over the heads in the MMA layout, and one layout change gives each thread one token's
 row: the overlap stencil, the spill's shift by one block, the keys and the bitonic merge then run in
 that thread's registers (864 instructions per token and chunk in the unmasked loop at g = 1, (64, 16):
-``scripts/sass_loop_count.py --kernel select_gluon --loops 2``).
+``scripts/sass_loop_count.py --kernel select_gluon --loops 2``). Programs of 64 tokens load the
+next chunk's keys during this chunk's work (``prefetches``).
 
 Same arithmetic, keys (``select_common``) and masks as the Triton kernel; the sum over heads runs in
 head order, so at g > 1 near-ties may rank differently (as between the Triton kernel and the
@@ -33,6 +35,7 @@ from ._triton import LOG2E_C, interpreting, search_steps
 from .select_common import KEY_NONE, block_key, chunk_ranges, forced_score, key_bits, key_block, sequence_tile
 
 _SMEM_BUDGET = 227 * 1024  # bytes of shared memory an sm_90 block may use
+_SM_SHARED = 228 * 1024  # an sm_90 SM's shared memory, shared by its resident blocks
 # The largest group size at which ``auto`` picks this kernel: the largest measured. On the H200 at
 # 64K tokens, 4 KV heads, d = 128, bf16 (results/h200/checks/select-gluon-ops/, 8ecc35e) it took
 # 0.43 / 0.56 / 0.71 / 0.71 / 0.80x the Triton kernel's time at g = 1 / 2 / 4 / 5 / 8, (64, 16), and
@@ -130,32 +133,45 @@ def _last(x, ROWS: gl.constexpr, N: gl.constexpr):
 # --- the kernel -------------------------------------------------------------------------------------
 
 @gluon.jit
-def _chunk(ch, run, carry, q_smem, k_smem, lse_smem, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh, qk_scale,
-           t_ok, own, kb, t_row, nvis_row,
-           G: gl.constexpr, BLOCK_T: gl.constexpr, BB: gl.constexpr, R: gl.constexpr, MP: gl.constexpr,
-           D: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr, T_P: gl.constexpr, LOG: gl.constexpr,
-           LD: gl.constexpr, MMA: gl.constexpr, ROW: gl.constexpr, KEY: gl.constexpr, MASKED: gl.constexpr):
-    """Chunk ch (blocks ch*BB .. ch*BB + BB - 1) merged into the rows' running top-T; returns (run,
-    carry) as ``block_select._merge_chunk``, whose MASKED contract it shares."""
-    BLOCK_C: gl.constexpr = BB * R
+def _load_keys(ch, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh, BLOCK_C: gl.constexpr, D: gl.constexpr,
+               LD: gl.constexpr, MASKED: gl.constexpr):
+    """Chunk ch's BLOCK_C compressed keys [BLOCK_C, D] of KV head kvh (MASKED: zeros past n_cmp)."""
     jj = ch * BLOCK_C + gl.arange(0, BLOCK_C, layout=gl.SliceLayout(1, LD))
     dd = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
     ptrs = kc_ptr + (c_start + jj).to(gl.int64)[:, None] * s_kt + kvh * s_kh + dd[None, :]
     if MASKED:
-        kt = gl.load(ptrs, mask=(jj < n_cmp)[:, None], other=0.0)
+        return gl.load(ptrs, mask=(jj < n_cmp)[:, None], other=0.0)
     else:
-        kt = gl.load(ptrs)
-    gl.thread_barrier()  # the previous chunk's (synchronous) MMAs have read k_smem
+        return gl.load(ptrs)
+
+
+@gluon.jit
+def _chunk(ch, run, carry, kt, q_smem, k_smem, lse_smem, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh, qk_scale,
+           t_ok, own, kb, t_row, nvis_row,
+           G: gl.constexpr, BLOCK_T: gl.constexpr, BB: gl.constexpr, R: gl.constexpr, MP: gl.constexpr,
+           D: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr, T_P: gl.constexpr, LOG: gl.constexpr,
+           LD: gl.constexpr, MMA: gl.constexpr, ROW: gl.constexpr, KEY: gl.constexpr, MASKED: gl.constexpr,
+           PREFETCH: gl.constexpr):
+    """Chunk ch (blocks ch*BB .. ch*BB + BB - 1) merged into the rows' running top-T; returns (run,
+    carry) as ``block_select._merge_chunk``, whose MASKED contract it shares, and kt. PREFETCH: kt
+    holds chunk ch's keys on entry and chunk ch + 1's on return (loaded during this chunk's MMAs
+    and merge); else the chunk loads its own and kt passes through."""
+    BLOCK_C: gl.constexpr = BB * R
+    if not PREFETCH:
+        kt = _load_keys(ch, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh, BLOCK_C, D, LD, MASKED)
+    gl.thread_barrier()  # the previous chunk's MMAs have read k_smem
     k_smem.store(kt)
     fence_async_shared()
     gl.thread_barrier()
+    if PREFETCH:  # the next chunk may lie in another range or past the end: always masked
+        kt = _load_keys(ch + 1, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh, BLOCK_C, D, LD, True)
     zero = gl.zeros([BLOCK_T, BLOCK_C], gl.float32, MMA)
+    k_t = k_smem.permute((1, 0))
     lse2 = lse_smem.index(0).load(gl.SliceLayout(1, MMA))  # dead rows: +inf, so p = 0
-    p = gl.exp2(warpgroup_mma(q_smem.index(0), k_smem.permute((1, 0)), zero, use_acc=False) * qk_scale - lse2[:, None])
+    p = gl.exp2(warpgroup_mma(q_smem.index(0), k_t, zero, use_acc=False) * qk_scale - lse2[:, None])
     for h in range(1, G):  # a loop, not unrolled: the heads' accumulators never live at once
         lse2 = lse_smem.index(h).load(gl.SliceLayout(1, MMA))
-        p += gl.exp2(warpgroup_mma(q_smem.index(h), k_smem.permute((1, 0)), zero, use_acc=False) * qk_scale
-                     - lse2[:, None])
+        p += gl.exp2(warpgroup_mma(q_smem.index(h), k_t, zero, use_acc=False) * qk_scale - lse2[:, None])
     p = gl.convert_layout(p, ROW)  # a token's row in one thread from here on
     if MASKED:
         jr = ch * BLOCK_C + gl.arange(0, BLOCK_C, layout=gl.SliceLayout(0, ROW))
@@ -176,7 +192,7 @@ def _chunk(ch, run, carry, q_smem, k_smem, lse_smem, kc_ptr, c_start, n_cmp, kvh
     else:
         key = block_key(score, blk, kb)
     run = gl.convert_layout(_merge_run(run, key, BLOCK_T, T_P, LOG), KEY)
-    return run, carry
+    return run, carry, kt
 
 
 @gluon.jit
@@ -186,7 +202,7 @@ def select_kernel(
     s_qt, s_qh, s_kt, s_kh, s_lt, s_lh, s_ot, s_oh,
     G: gl.constexpr, D: gl.constexpr, L: gl.constexpr, S: gl.constexpr, BS: gl.constexpr, TOPK: gl.constexpr,
     T_P: gl.constexpr, LOG: gl.constexpr, BB: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr,
-    BLOCK_T: gl.constexpr,
+    BLOCK_T: gl.constexpr, PREFETCH: gl.constexpr,
 ):
     """Grid (batch + total // BLOCK_T, h_kv), 4 warps; tiles never straddle sequences (as the Triton
     kernel's). BLOCK_T = 128: a token's row per thread; 64: each row in two threads (of warps w and
@@ -236,18 +252,22 @@ def select_kernel(
     # The chunk ranges of the Triton kernel: masked, unmasked (seen whole by every row, nothing
     # forced), masked.
     head_end, bulk_end, n_chunks = chunk_ranges(t0, n, BLOCK_T, BS, BB, BLOCK_C, L, S, INIT, LOCAL)
+    if PREFETCH:
+        kt = _load_keys(0, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh, BLOCK_C, D, LD, True)
+    else:
+        kt = gl.zeros([BLOCK_C, D], kc_ptr.dtype.element_ty, LD)  # unused
     for ch in range(0, head_end):
-        run, carry = _chunk(ch, run, carry, q_smem, k_smem, lse_smem, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh,
+        run, carry, kt = _chunk(ch, run, carry, kt, q_smem, k_smem, lse_smem, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh,
                             qk_scale, t_ok, own, kb, t_row, nvis_row, G, BLOCK_T, BB, R, MP, D, INIT, LOCAL, T_P,
-                            LOG, LD, MMA, ROW, KEY, True)
+                            LOG, LD, MMA, ROW, KEY, True, PREFETCH)
     for ch in range(head_end, bulk_end):
-        run, carry = _chunk(ch, run, carry, q_smem, k_smem, lse_smem, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh,
+        run, carry, kt = _chunk(ch, run, carry, kt, q_smem, k_smem, lse_smem, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh,
                             qk_scale, t_ok, own, kb, t_row, nvis_row, G, BLOCK_T, BB, R, MP, D, INIT, LOCAL, T_P,
-                            LOG, LD, MMA, ROW, KEY, False)
+                            LOG, LD, MMA, ROW, KEY, False, PREFETCH)
     for ch in range(bulk_end, n_chunks):
-        run, carry = _chunk(ch, run, carry, q_smem, k_smem, lse_smem, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh,
+        run, carry, kt = _chunk(ch, run, carry, kt, q_smem, k_smem, lse_smem, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh,
                             qk_scale, t_ok, own, kb, t_row, nvis_row, G, BLOCK_T, BB, R, MP, D, INIT, LOCAL, T_P,
-                            LOG, LD, MMA, ROW, KEY, True)
+                            LOG, LD, MMA, ROW, KEY, True, PREFETCH)
 
     # The rows' top TOPK blocks, ascending by block, -1 after (block_select._store_ascending).
     L3: gl.constexpr = gl.BlockedLayout([1, T_P, T_P], [32, 1, 1], [4, 1, 1], [2, 1, 0])
@@ -279,11 +299,34 @@ def shared_bytes(g: int, d: int, block_c: int, block_t: int) -> int:
     return (g * block_t + block_c) * d * 2 + g * block_t * 4 + 16 * block_t
 
 
+def programs_per_sm(g: int, d: int, block_c: int, block_t: int) -> int:
+    """Programs of block_t tokens that share an sm_90 SM by shared memory (each block also reserves
+    1 KiB of the SM's 228 KiB)."""
+    return _SM_SHARED // (shared_bytes(g, d, block_c, block_t) + 1024)
+
+
 def tokens_per_program(g: int, d: int, block_c: int) -> int:
-    """128 (a token per thread of the warpgroup) where the g q tiles fit in shared memory, else
-    64 (each token's row then in two threads, which do the same work: g = 7-12 at d = 128), else
-    0 (no program fits)."""
-    return next((t for t in (128, 64) if shared_bytes(g, d, block_c, t) <= _SMEM_BUDGET), 0)
+    """128 (a token per thread of the warpgroup) where two such programs share an SM, else 64 where
+    two do (each token's row then in two threads, which do the same work), else the larger that
+    fits alone, else 0. At d = 128: 128 for g = 1, 2, 6; 64 for g = 3-5 and 7-12. On the H200 at
+    64K (results/h200/checks/select-gluon-pipeline/) two 64-token programs an SM took 0.83-0.86x
+    the time of one 128-token program at g = 4 and 5 (0.80x at g = 4, (128, 8)): one warpgroup
+    alone leaves the tensor cores idle during its exp2 and merge; at g = 1 and 2, where 128-token
+    programs already share an SM, 64 tokens took 1.17-1.34x."""
+    for share in (2, 1):
+        for t in (128, 64):
+            if shared_bytes(g, d, block_c, t) <= _SMEM_BUDGET and programs_per_sm(g, d, block_c, t) >= share:
+                return t
+    return 0
+
+
+def prefetches(block_t: int) -> bool:
+    """Whether a program of block_t tokens loads the next chunk's keys during this chunk's MMAs and
+    merge (PREFETCH): at 64 tokens, where the keys cost a thread 16 registers. At 128 tokens they
+    cost 32 that the program needs elsewhere: 45 more registers at g = 1 (two programs an SM
+    resident instead of three; 1.05x the time on the H200 at 64K) and 8 bytes spilled at g = 2
+    (1.00x); at 64 tokens 0.95-0.98x (g = 4, 5, 8; results/h200/checks/select-gluon-pipeline/)."""
+    return block_t == 64
 
 
 def runs(q: torch.Tensor, g: int, cfg, t_pad: int, bb: int) -> bool:
@@ -308,12 +351,13 @@ def launch(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, out, cfg, g: int, t_pa
     """Fill out [total, h_kv, topk] (int32) with the selection of ``select_blocks``'s validated inputs;
     qk_scale = softmax scale · log2(e)."""
     total, batch = q.shape[0], cu_seqlens.numel() - 1
-    block_t = tokens_per_program(g, q.shape[2], bb * cfg.block_size // cfg.kernel_stride)
+    block_c = bb * cfg.block_size // cfg.kernel_stride
+    block_t = tokens_per_program(g, q.shape[2], block_c)
     select_kernel[(batch + total // block_t, k_cmp.shape[1])](
         q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, out, batch, search_steps(batch), qk_scale,
         q.stride(0), q.stride(1), k_cmp.stride(0), k_cmp.stride(1), lse_cmp.stride(0), lse_cmp.stride(1),
         out.stride(0), out.stride(1),
         G=g, D=q.shape[2], L=cfg.kernel_size, S=cfg.kernel_stride, BS=cfg.block_size, TOPK=cfg.topk, T_P=t_pad,
         LOG=t_pad.bit_length() - 1, BB=bb, INIT=cfg.init_blocks, LOCAL=cfg.local_blocks, BLOCK_T=block_t,
-        num_warps=4,
+        PREFETCH=prefetches(block_t), num_warps=4,
     )

@@ -66,6 +66,7 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.runtime.jit import native_specialize_impl  # noqa: E402
 
 from fsalab.ops._triton import dot_precision, next_pow2, search_steps  # noqa: E402
+from fsalab.ops.block_select_gluon import prefetches  # noqa: E402
 from fsalab.ops.selection.fsa_plan import bwd_tiles, fwd_tiles, head_parts, split_tiles  # noqa: E402
 
 BIN = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -128,7 +129,7 @@ KERNELS = {
         lambda g: dict(batch=1, steps=search_steps(1), s_qt=4 * g * D, s_qh=D, s_kt=H_KV * D, s_kh=D, s_lt=4 * g,
                        s_lh=1, s_ot=H_KV * TOPK, s_oh=TOPK),
         lambda g, bm: dict(G=g, D=D, L=32, S=16, BS=BS, TOPK=TOPK, T_P=16, LOG=4, BB=16, INIT=1, LOCAL=2, BLOCK_T=bm,
-                           PREFETCH=bm == 64),  # block_select_gluon.prefetches
+                           PREFETCH=prefetches(bm)),
         ["1,128,4", "2,128,4", "4,64,4", "5,64,4", "8,64,4"],  # G,BLOCK_T,warps as tokens_per_program picks
         "chunk", lambda g, bm: bm, gluon=True),
     "fsa_partial": Kernel(

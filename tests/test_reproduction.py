@@ -11,7 +11,7 @@ import pytest
 
 from fsalab import reproduction, results
 from fsalab.bench.grid import repo_root
-from fsalab.reproduction import artefacts, document
+from fsalab.reproduction import artefacts, document, metrics
 from fsalab.reproduction.verdicts import VERDICTS, Claim, verdict
 
 ROOT = repo_root()
@@ -289,3 +289,46 @@ def test_collect_adds_only_the_point_files_this_tree_lacks(tmp_path, capsys):
         "h200/kernel/a.json", "h200/kernel/b.json", "h200/kernel/c.json", "h200/superseded/kernel/f.2222222.json"]
     assert cli.main(["collect", str(archive), "--results-dir", str(here), "--no-aggregate"]) == 0
     assert "0 added, 2 already here, 1 kept (differing), 1 set aside here before" in capsys.readouterr().err
+
+
+def _versus_rows(ratios: dict) -> pd.DataFrame:
+    """auto rows at (64, 16): {(direction, g): [(N, eager ratio, replayed ratio), ...]}, NSA's
+    replayed time 1 ms and its eager time cuDNN-consistent (eager ms = replayed ratio / eager ratio)."""
+    rows = [{"status": "ok", "impl": "auto", "block_size": 64, "topk": 16, "direction": d, "g": g, "N": n,
+             "ratio_to_cudnn": e, "graph_ratio_to_cudnn": r, "graph_median_ms": 1.0, "median_ms": r / e,
+             "git_commit": "abcdef0123"}
+            for (d, g), points in ratios.items() for n, e, r in points]
+    return pd.DataFrame(rows)
+
+
+def test_versus_crossovers_take_the_n_from_which_every_larger_n_wins():
+    df = _versus_rows({("fwd", 1): [(8192, 0.5, 0.9), (16384, 1.1, 1.2), (32768, 0.8, 1.3), (65536, 1.5, 2.0)],
+                       ("fwd", 4): [(8192, 1.2, 1.3), (16384, 1.4, 1.5)],
+                       ("fwd", 8): [(8192, 1.2, 1.3), (16384, 0.9, 0.95)]})
+    cross = metrics.versus_crossovers(df)
+    at = cross.set_index(["g", "timing"])
+    # g = 1: 16K wins eager but 32K loses, so the eager crossover is 64K; replayed wins from 16K.
+    assert at.loc[(1, "eager"), "from_N"] == 65536 and at.loc[(1, "eager"), "lost_N"] == 32768
+    assert at.loc[(1, "eager"), "lost_ratio"] == 0.8 and at.loc[(1, "eager"), "lost_replayed_ratio"] == 1.3
+    assert at.loc[(1, "eager"), "lost_eager_over_replayed"] == pytest.approx(1.3 / 0.8)
+    assert at.loc[(1, "replayed"), "from_N"] == 16384 and at.loc[(1, "replayed"), "lost_N"] == 8192
+    assert at.loc[(4, "eager"), "from_N"] == 8192 and math.isnan(at.loc[(4, "eager"), "lost_N"])
+    assert math.isnan(at.loc[(8, "replayed"), "from_N"])  # loses at the largest N measured
+    assert len(cross) == 6
+
+
+def test_versus_findings_name_the_eager_only_losses():
+    df = _versus_rows({("fwd", 1): [(16384, 0.5, 0.9), (32768, 0.81, 1.33), (65536, 2.0, 2.3)],
+                       ("fwd", 4): [(16384, 0.9, 0.95), (32768, 1.4, 1.5), (65536, 2.2, 2.8)],
+                       ("fwd+bwd", 1): [(16384, 1.2, 1.3), (32768, 1.5, 1.7)]})
+
+    class _Tables:
+        def __call__(self, name):
+            return df
+
+    lines = document._versus_findings_block(_Tables())
+    text = " ".join(lines[0].split())
+    assert "Forward, NSA attention beats cuDNN replayed from a CUDA graph from 32K at every g;" in text
+    assert "eager from 32K at g = 4 and from 64K at g = 1 (32K, g = 1: 0.81× eager against 1.33× replayed" in text
+    assert "Forward and backward, NSA attention beats cuDNN replayed from a CUDA graph from 16K at every g;" in text
+    assert lines[1] == "(rows of commit abcdef0)"

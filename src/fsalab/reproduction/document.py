@@ -284,6 +284,72 @@ def _versus_block(t: Tables) -> list[str]:
     return [*rows, "", f"(`results/{t.platform}/versus.csv`, {_rows_of(m.commits_of(auto))})"]
 
 
+
+def _kilo(n) -> str:
+    return f"{int(n) // 1024}K"
+
+
+def _g_list(gs: list, every: list) -> str:
+    return "every g" if sorted(gs) == sorted(every) else "g = " + ", ".join(str(int(g)) for g in sorted(gs))
+
+
+def _crossover_phrase(rows: pd.DataFrame, every: list) -> str:
+    """'from 32K at every g' / 'from 16K at g = 4, 5, 8 and from 32K at g = 1' / '... at no N
+    measured at g = 1'."""
+    parts = [f"from {_kilo(n)} at {_g_list(list(at['g']), every)}"
+             for n, at in rows.dropna(subset=["from_N"]).groupby("from_N")]
+    never = rows[rows["from_N"].isna()]
+    if len(never):
+        parts.append(f"at no N measured at {_g_list(list(never['g']), every)}")
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+VERSUS_SPLIT_POINT = (65536, 4, "fwd+bwd")
+
+
+def _versus_findings_block(t: Tables) -> list[str]:
+    """Where NSA attention overtakes cuDNN, per direction, replayed and eager (the points where
+    only the eager call loses named with both ratios and NSA's eager-over-replayed time), then
+    the branch split at one point."""
+    cross = m.versus_crossovers(t("versus"))
+    if cross.empty:
+        return ["(no versus results)"]
+    out = []
+    for direction, name in (("fwd", "Forward"), ("fwd+bwd", "Forward and backward")):
+        at = cross[cross["direction"] == direction]
+        every = list(at["g"].unique())
+        replayed, eager = at[at["timing"] == "replayed"], at[at["timing"] == "eager"]
+        text = (f"{name}, NSA attention beats cuDNN replayed from a CUDA graph "
+                f"{_crossover_phrase(replayed, every)}; eager {_crossover_phrase(eager, every)}")
+        later = eager.merge(replayed[["g", "from_N"]], on="g", suffixes=("", "_replayed"))
+        later = later[later["lost_N"] >= later["from_N_replayed"]]
+        notes = [f"{_kilo(r.lost_N)}, g = {int(r.g)}: {r.lost_ratio:.2f}× eager against {r.lost_replayed_ratio:.2f}× "
+                 f"replayed, NSA's eager time {r.lost_eager_over_replayed:.2f}× its replayed one"
+                 for r in later.itertuples()]
+        out.append(text + (f" ({'; '.join(notes)})." if notes else "."))
+    out.append("Below those N it loses (`paper_figures/versus/versus_ratios.md`).")
+    n, g, direction = VERSUS_SPLIT_POINT
+    ok = results.ok(t("versus"))
+    row = ok[(ok["impl"] == "auto") & (ok["N"] == n) & (ok["g"] == g) & (ok["direction"] == direction)
+             & (ok["block_size"] == 64) & (ok["topk"] == 16)]
+    split = {c[len("split_"):-len("_ms")]: row[c].iloc[0] for c in row.columns
+             if c.startswith("split_") and c.endswith("_ms")} if len(row) else {}
+    split = {k: v for k, v in sorted(split.items(), key=lambda kv: -kv[1]) if pd.notna(v)}
+    if split:
+        parts = [f"{k} {v:.1f}{' ms' if i == 0 else ''}" for i, (k, v) in enumerate(split.items())]
+        out.append(f"At {_kilo(n)}, g = {g}, forward and backward, its branches timed alone take: {', '.join(parts)} "
+                   f"(`paper_figures/versus/versus_split.md`; `docs/perf-log.md`, \"Whole NSA attention\").")
+    cross_rows = ok[(ok["impl"] == "auto") & (ok["block_size"] == 64) & (ok["topk"] == 16)]
+    return [_fill_keeping(" ".join(out), "g = "), f"({_rows_of(m.commits_of(cross_rows))})"]
+
+
+def _fill_keeping(text: str, phrase: str, width: int = 100) -> str:
+    """``textwrap.fill`` that never breaks a line inside ``phrase`` (textwrap splits at ASCII
+    whitespace only, so a no-break space holds the phrase together)."""
+    glued = phrase.replace(" ", "\u00a0")
+    return textwrap.fill(text.replace(phrase, glued), width).replace(glued, phrase)
+
+
 def _decode_block(t: Tables) -> list[str]:
     """One decode step at batch 1 per context and g against the fastest full-attention decode,
     then one sentence on the batch rows and one on Table 9's inference cells."""
@@ -346,7 +412,8 @@ def readme_blocks(platform: str, results_dir=None) -> dict[str, str]:
     """README's generated blocks: name -> Markdown body (ending in a newline)."""
     t = Tables(platform, results_dir)
     blocks = {"kernel-table": _kernel_block(t), "kernel-findings": _kernel_findings_block(t),
-              "versus-table": _versus_block(t), "decode-table": _decode_block(t), "end-to-end": _end_to_end_block(t),
+              "versus-table": _versus_block(t),
+              "versus-findings": _versus_findings_block(t), "decode-table": _decode_block(t), "end-to-end": _end_to_end_block(t),
               "verdicts": _verdicts_block(platform, results_dir)}
     return {name: "\n".join(lines).rstrip("\n") + "\n" for name, lines in blocks.items()}
 

@@ -267,7 +267,7 @@ def commits_of(*frames: pd.DataFrame) -> tuple[str, ...]:
         ok = results.ok(df)
         if "git_commit" not in ok:
             continue
-        dirty = ok["git_dirty"].fillna(False).astype(bool) if "git_dirty" in ok else pd.Series(False, index=ok.index)
+        dirty = ok["git_dirty"].eq(True) if "git_dirty" in ok else pd.Series(False, index=ok.index)  # NaN: clean
         for commit, is_dirty in zip(ok["git_commit"], dirty):
             if isinstance(commit, str):
                 seen.add(commit[:7] + (" (dirty)" if is_dirty else ""))
@@ -334,3 +334,39 @@ def compile_times(df: pd.DataFrame) -> pd.DataFrame:
     if ok.empty or "compile_s" not in ok:
         return pd.DataFrame(columns=cols)
     return ok.groupby(keys, as_index=False)[cols[len(keys):]].min()
+
+
+VERSUS_TIMINGS = {"replayed": "graph_ratio_to_cudnn", "eager": "ratio_to_cudnn"}
+
+
+def versus_crossovers(df: pd.DataFrame, impl: str = "auto", block_size: int = 64, topk: int = 16) -> pd.DataFrame:
+    """Where whole NSA attention overtakes cuDNN, from a ``versus`` table: per (direction,
+    timing, g), ``from_N`` = the smallest N from which ``impl``'s ratio to cuDNN (cuDNN time /
+    NSA time; timing "replayed" = graph-replayed, "eager") is >= 1 at every larger N measured
+    (NaN when it loses at the largest), and the last N below it that lost: ``lost_N``, its
+    ``lost_ratio`` and ``lost_replayed_ratio``, and ``lost_eager_over_replayed`` = NSA's eager
+    time over its replayed time there (how far the host's launches stretch the eager call)."""
+    cols = ["direction", "timing", "g", "from_N", "lost_N", "lost_ratio", "lost_replayed_ratio",
+            "lost_eager_over_replayed"]
+    ok = results.ok(df)
+    if ok.empty or "graph_ratio_to_cudnn" not in ok:
+        return pd.DataFrame(columns=cols)
+    ok = ok[(ok["impl"] == impl) & (ok["block_size"] == block_size) & (ok["topk"] == topk)]
+    rows = []
+    for (direction, g), at in ok.groupby(["direction", "g"]):
+        at = at.sort_values("N")
+        for timing, column in VERSUS_TIMINGS.items():
+            timed = at.dropna(subset=[column])
+            wins = (timed[column] >= 1.0).to_numpy()
+            # Index of the first point from which every later point wins (len(wins) when none).
+            start = len(wins)
+            while start > 0 and wins[start - 1]:
+                start -= 1
+            row = {"direction": direction, "timing": timing, "g": g,
+                   "from_N": timed["N"].iloc[start] if start < len(wins) else math.nan}
+            if start > 0:
+                lost = timed.iloc[start - 1]
+                row.update(lost_N=lost["N"], lost_ratio=lost[column], lost_replayed_ratio=lost["graph_ratio_to_cudnn"],
+                           lost_eager_over_replayed=lost["median_ms"] / lost["graph_median_ms"])
+            rows.append(row)
+    return pd.DataFrame(rows, columns=cols)

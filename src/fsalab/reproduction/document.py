@@ -284,7 +284,6 @@ def _versus_block(t: Tables) -> list[str]:
     return [*rows, "", f"(`results/{t.platform}/versus.csv`, {_rows_of(m.commits_of(auto))})"]
 
 
-
 def _kilo(n) -> str:
     return f"{int(n) // 1024}K"
 
@@ -412,8 +411,8 @@ def readme_blocks(platform: str, results_dir=None) -> dict[str, str]:
     """README's generated blocks: name -> Markdown body (ending in a newline)."""
     t = Tables(platform, results_dir)
     blocks = {"kernel-table": _kernel_block(t), "kernel-findings": _kernel_findings_block(t),
-              "versus-table": _versus_block(t),
-              "versus-findings": _versus_findings_block(t), "decode-table": _decode_block(t), "end-to-end": _end_to_end_block(t),
+              "versus-table": _versus_block(t), "versus-findings": _versus_findings_block(t),
+              "decode-table": _decode_block(t), "end-to-end": _end_to_end_block(t),
               "verdicts": _verdicts_block(platform, results_dir)}
     return {name: "\n".join(lines).rstrip("\n") + "\n" for name, lines in blocks.items()}
 

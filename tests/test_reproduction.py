@@ -332,3 +332,34 @@ def test_versus_findings_name_the_eager_only_losses():
     assert "eager from 32K at g = 4 and from 64K at g = 1 (32K, g = 1: 0.81× eager against 1.33× replayed" in text
     assert "Forward and backward, NSA attention beats cuDNN replayed from a CUDA graph from 16K at every g;" in text
     assert lines[1] == "(rows of commit abcdef0)"
+
+
+def test_restore_unrun_puts_back_only_the_moves_not_measured_again(tmp_path):
+    """scripts/restore_unrun.sh in a scratch repository: of three points moved aside by
+    ``results.supersede``, one was measured again (its file exists anew) and stays re-measured;
+    the other two come back from superseded/ unchanged."""
+    import shutil
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "restore_unrun.sh", repo / "scripts")
+    kernel = repo / "results" / "h200" / "kernel"
+    kernel.mkdir(parents=True)
+    for name in ("a", "b.v2", "c"):
+        (kernel / f"{name}.json").write_text(json.dumps({"point": name, "provenance": {"git_commit": "1111111aaa"}}))
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "rows")
+    moves = results.supersede("h200", "2222222", repo / "results", ["kernel"])
+    assert len(moves) == 3 and not any(kernel.glob("*.json"))
+    (kernel / "c.json").write_text('{"point": "c", "measured": "again"}')
+    out = subprocess.run(["bash", "scripts/restore_unrun.sh"], cwd=repo, capture_output=True, text=True)
+    assert out.returncode == 0 and "2 point files put back, 0 left out" in out.stdout
+    assert json.loads((kernel / "a.json").read_text())["provenance"]["git_commit"] == "1111111aaa"
+    assert (kernel / "b.v2.json").exists() and json.loads((kernel / "c.json").read_text())["measured"] == "again"
+    assert sorted(p.name for p in (repo / "results" / "h200" / "superseded" / "kernel").iterdir()) == ["c.1111111.json"]

@@ -314,6 +314,8 @@ def test_versus_crossovers_take_the_n_from_which_every_larger_n_wins():
     assert at.loc[(1, "replayed"), "from_N"] == 16384 and at.loc[(1, "replayed"), "lost_N"] == 8192
     assert at.loc[(4, "eager"), "from_N"] == 8192 and math.isnan(at.loc[(4, "eager"), "lost_N"])
     assert math.isnan(at.loc[(8, "replayed"), "from_N"])  # loses at the largest N measured
+    assert at.loc[(1, "eager"), "wins_below"] == (16384,) and at.loc[(1, "replayed"), "wins_below"] == ()
+    assert at.loc[(8, "eager"), "wins_below"] == (8192,)
     assert len(cross) == 6
 
 
@@ -331,6 +333,10 @@ def test_versus_findings_name_the_eager_only_losses():
     assert "Forward, NSA attention beats cuDNN replayed from a CUDA graph from 32K at every g;" in text
     assert "eager from 32K at g = 4 and from 64K at g = 1 (32K, g = 1: 0.81× eager against 1.33× replayed" in text
     assert "Forward and backward, NSA attention beats cuDNN replayed from a CUDA graph from 16K at every g;" in text
+    assert "Below those N it loses (" in text
+    df.loc[(df["g"] == 1) & (df["N"] == 16384) & (df["direction"] == "fwd"), "ratio_to_cudnn"] = 1.05
+    text = " ".join(document._versus_findings_block(_Tables())[0].split())
+    assert "Below those N it loses, but for 16K, g = 1, fwd eager (" in text
     assert lines[1] == "(rows of commit abcdef0)"
 
 

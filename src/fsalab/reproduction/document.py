@@ -326,7 +326,9 @@ def _versus_findings_block(t: Tables) -> list[str]:
                  f"replayed, NSA's eager time {r.lost_eager_over_replayed:.2f}× its replayed one"
                  for r in later.itertuples()]
         out.append(text + (f" ({'; '.join(notes)})." if notes else "."))
-    out.append("Below those N it loses (`paper_figures/versus/versus_ratios.md`).")
+    exceptions = [f"{_kilo(n)}, g = {int(r.g)}, {r.direction} {r.timing}" for r in cross.itertuples() for n in r.wins_below]
+    out.append("Below those N it loses" + (f", but for {'; '.join(exceptions)}" if exceptions else "")
+               + " (`paper_figures/versus/versus_ratios.md`).")
     n, g, direction = VERSUS_SPLIT_POINT
     ok = results.ok(t("versus"))
     row = ok[(ok["impl"] == "auto") & (ok["N"] == n) & (ok["g"] == g) & (ok["direction"] == direction)

@@ -345,9 +345,10 @@ def versus_crossovers(df: pd.DataFrame, impl: str = "auto", block_size: int = 64
     NSA time; timing "replayed" = graph-replayed, "eager") is >= 1 at every larger N measured
     (NaN when it loses at the largest), and the last N below it that lost: ``lost_N``, its
     ``lost_ratio`` and ``lost_replayed_ratio``, and ``lost_eager_over_replayed`` = NSA's eager
-    time over its replayed time there (how far the host's launches stretch the eager call)."""
+    time over its replayed time there (how far the host's launches stretch the eager call);
+    ``wins_below``: the N below ``lost_N`` where it won all the same (a tuple, mostly empty)."""
     cols = ["direction", "timing", "g", "from_N", "lost_N", "lost_ratio", "lost_replayed_ratio",
-            "lost_eager_over_replayed"]
+            "lost_eager_over_replayed", "wins_below"]
     ok = results.ok(df)
     if ok.empty or "graph_ratio_to_cudnn" not in ok:
         return pd.DataFrame(columns=cols)
@@ -363,7 +364,8 @@ def versus_crossovers(df: pd.DataFrame, impl: str = "auto", block_size: int = 64
             while start > 0 and wins[start - 1]:
                 start -= 1
             row = {"direction": direction, "timing": timing, "g": g,
-                   "from_N": timed["N"].iloc[start] if start < len(wins) else math.nan}
+                   "from_N": timed["N"].iloc[start] if start < len(wins) else math.nan,
+                   "wins_below": tuple(int(n) for n, w in zip(timed["N"].iloc[:max(start - 1, 0)], wins) if w)}
             if start > 0:
                 lost = timed.iloc[start - 1]
                 row.update(lost_N=lost["N"], lost_ratio=lost[column], lost_replayed_ratio=lost["graph_ratio_to_cudnn"],

@@ -166,7 +166,11 @@ def test_committed_results_carry_hashed_ids_and_their_csvs_match():
     """Every committed point file is named by its parameters' hash (migrated, nothing
     re-measured) and every aggregate lists exactly its folder's points."""
     root = ROOT / "results"
-    assert results.migrate_point_ids(root, dry_run=True) == []
+    # Only the platforms .gitignore lets in (h200, h200x*): a local `make repro` leaves smoke rows
+    # under results/cpu-interpret/ that are neither committed nor checked here.
+    committed = [m for m in results.migrate_point_ids(root, dry_run=True)
+                 if Path(m[0]).relative_to(root).parts[0].startswith("h200")]
+    assert committed == []
     for csv in sorted(root.glob("h200*/*.csv")):
         folder = csv.with_suffix("")
         if folder.is_dir():

@@ -1,7 +1,8 @@
 # fsalab: `make test` and `make repro` each set up what they need, then run.
 #
 # Environment: the active one when it already has torch (a conda env or venv on a GPU box: its
-# CUDA torch is never replaced), otherwise .venv, created here with a CPU torch by default.
+# CUDA torch is never replaced), otherwise .venv, created here with $(TORCH) from pip's configured
+# indexes (PyPI's Linux wheel is the CUDA build; README says how to get the CPU one).
 SHELL := /bin/bash
 VENV ?= .venv
 TORCH ?= torch==2.13.0

@@ -163,9 +163,10 @@ def test_end_to_end_point_ids_differ_in_every_parameter(key, value):
     assert points.e2e_point_id(p) != points.e2e_point_id({**p, key: value})
 
 
-def test_committed_results_carry_hashed_ids_and_their_csvs_match():
+def test_committed_results_carry_hashed_ids_and_their_csvs_match(tmp_path):
     """Every committed point file is named by its parameters' hash (migrated, nothing
-    re-measured) and every aggregate lists exactly its folder's points."""
+    re-measured), and every committed aggregate is, byte for byte, what aggregating its folder's
+    point files writes now (so README and REPRODUCTION, built from the CSVs, show the points)."""
     root = ROOT / "results"
     # The platforms .gitignore lets in: a local `make repro` leaves uncommitted smoke rows under
     # results/cpu-interpret/, which are not checked here.
@@ -177,6 +178,8 @@ def test_committed_results_carry_hashed_ids_and_their_csvs_match():
         if folder.is_dir():
             ids = set(results.load_table(csv.parent.name, csv.stem, root)["point"])
             assert ids == {p.stem for p in folder.glob("*.json")}, csv
+            fresh = results.aggregate(csv.parent.name, csv.stem, root, out=tmp_path / csv.parent.name / csv.name)
+            assert fresh.read_bytes() == csv.read_bytes(), f"{csv}: run `fsalab aggregate` on its point files"
 
 
 def _legacy_copy(src: Path, dest_root: Path) -> Path:

@@ -52,6 +52,25 @@ def test_dry_run(profile):
         assert all(f"bench_{e}" in text for e in ("train", "prefill", "convergence"))
 
 
+def test_paper_scale_jobs_ask_for_a_gpu_where_the_planner_has_none():
+    """Planned on a machine without CUDA (a slurm login node), the paper-scale grids still
+    request a GPU per measurement job, and a whole-grid job (versus, batch_points) a runtime
+    that fits a grid; the smoke grids request none."""
+    def bench_versus_resources(*config):
+        out = _snakemake("-n", "--forceall", "--config", *config, "--", f"results/{config[-1].split('=')[1]}/versus.csv")
+        text = out.stdout + out.stderr
+        assert out.returncode == 0, text[-3000:]
+        job = text.split("rule bench_versus:", 1)[1]
+        return next(line.strip() for line in job.splitlines() if line.strip().startswith("resources:"))
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the workflow plans every job on a GPU where it has one")
+    assert "gpu=1, runtime=240" in bench_versus_resources("mode=full", "platform=h200")
+    assert "gpu=0" in bench_versus_resources("mode=smoke", "platform=cpu-interpret")
+
+
 @pytest.mark.slow(290)
 @pytest.mark.skipif(os.environ.get("FSALAB_E2E") == "0", reason="FSALAB_E2E=0 skips the smoke workflow end to end")
 def test_smoke_end_to_end(tmp_path):

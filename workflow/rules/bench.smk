@@ -17,7 +17,7 @@ if SINGLE_POINT_EXPERIMENTS:
             command=lambda wc: bench_command(wc.experiment),
         resources:
             # One benchmark per GPU at a time (profiles cap the total `gpu`).
-            gpu=1 if ON_GPU else 0,
+            gpu=1 if JOBS_NEED_GPU else 0,
         conda:
             "../envs/fsalab.yaml"
         shell:
@@ -42,7 +42,11 @@ for _exp in BATCH_EXPERIMENTS:
             platform=PLATFORM,
             command=bench_command(_exp),
         resources:
-            gpu=1 if ON_GPU else 0,
+            gpu=1 if JOBS_NEED_GPU else 0,
+            # A whole grid in one job: the H200 took up to ≈ 30 min for one experiment's grid
+            # (kernel, generate; docs/workflow.md), so a batch scheduler must not stop it at a
+            # single point's default.
+            runtime=240,
         conda:
             "../envs/fsalab.yaml"
         shell:

@@ -23,6 +23,9 @@ def _cuda_available():
 ON_GPU = _cuda_available()
 
 MODE = config["mode"] if config["mode"] != "auto" else ("full" if ON_GPU else "smoke")
+# Whether a measurement job needs a GPU: on a GPU machine, and for the paper-scale grids planned
+# where there is none (a slurm login node submitting to GPU nodes), which only a GPU can run.
+JOBS_NEED_GPU = ON_GPU or MODE == "full"
 SMOKE = MODE == "smoke"
 SMOKE_FLAG = "--smoke" if SMOKE else ""
 # One process per experiment for the tiny smoke grids (interpreter start-up dominates them).

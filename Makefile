@@ -7,7 +7,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 TRITON ?= triton==3.6.*
-EXTRAS ?= test,hf,workflow,analysis
+EXTRAS ?= test,hf,workflow,analysis,peers
 PYTEST_ARGS ?= -q -n 2 --dist worksteal
 
 ACTIVE_HAS_TORCH := $(shell [ -n "$$VIRTUAL_ENV$$CONDA_PREFIX" ] && python3 -c 'import torch' 2>/dev/null && echo yes)

@@ -153,10 +153,21 @@ def test_platform_names(name, expected):
     assert provenance.platform_from_gpu_name(name) == expected
 
 
-def test_provenance_fields():
+def test_provenance_fields(monkeypatch):
+    """The provenance block names this machine's stack, not placeholders (here: the CPU test run
+    under the Triton interpreter)."""
+    import datetime
+
+    import triton
+
+    monkeypatch.delenv("FSALAB_PLATFORM", raising=False)  # a CLI test in this process may have set it
     info = provenance.provenance()
-    for key in ("platform", "torch", "triton", "git_commit", "gpu", "driver", "timestamp"):
-        assert key in info
+    assert info["torch"] == torch.__version__ and info["triton"] == triton.__version__
+    assert info["triton_interpret"] is True and info["platform"] == "cpu-interpret"
+    assert info["gpu"] is None and info["driver"] is None and info["gpu_count"] == 0
+    assert datetime.datetime.fromisoformat(info["timestamp"]).tzinfo is not None
+    if (repo_root() / ".git").exists():  # a git checkout names its commit
+        assert re.fullmatch(r"[0-9a-f]{40}", info["git_commit"]), info["git_commit"]
 
 
 def test_end_to_end_speedups_pair_each_panel_with_its_baselines():
@@ -349,18 +360,23 @@ def test_convergence_gaps_set_fsa_nsa_beside_the_nsa_noise_floor():
 
 def test_nsa_attention_gate_impl_option(device):
     """The nsa_attention op's gate_impl (the module's name for the choice) picks the gated sum for
-    the A/B of the fused kernel: both give the same output, the row's sources say which ran, and
-    an unknown name is unsupported."""
+    the A/B of the fused kernel: the fused kernel runs only where the row's sources say so, both
+    give the same output, and an unknown name is unsupported."""
     from fsalab.bench import ops
-    from fsalab.testing import nsa_attention_calls
+    from fsalab.testing import LaunchCounter, nsa_attention_calls
 
     assert ops.bind("nsa_attention", "fsa").sources["gate"] == "triton"
     assert ops.bind("nsa_attention", "reference").sources["gate"] == "reference"
     assert ops.bind("nsa_attention", "fsa", {"gate_impl": "reference"}).sources["gate"] == "reference"
     with pytest.raises(ops.Unsupported, match="gate_impl"):
         ops.bind("nsa_attention", "fsa", {"gate_impl": "fused"})
-    fused, torch_ops = (nsa_attention_calls("fsa", 128, 1, 2, 16, 32, 4, device=device, options=o)[0]()
-                        for o in (None, {"gate_impl": "reference"}))
+    outputs = []
+    for options, fused_launches in ((None, 1), ({"gate_impl": "reference"}, 0)):
+        call = nsa_attention_calls("fsa", 128, 1, 2, 16, 32, 4, device=device, options=options)[0]
+        with LaunchCounter() as launches:
+            outputs.append(call())
+        assert launches.counts["triton:_gated_sum_fwd"] == fused_launches, options
+    fused, torch_ops = outputs
     assert torch.equal(fused[1], torch_ops[1])  # same blocks selected
     torch.testing.assert_close(fused[0], torch_ops[0], atol=2e-3, rtol=2e-3)  # fp16, rounded once vs per op
 

@@ -81,8 +81,13 @@ def test_auto_inference_skips_autograd_and_matches_the_training_path(fwd, gen, d
 
 @pytest.mark.gpu
 def test_auto_profiles_once_and_caches(tmp_path, monkeypatch):
+    """The first call of a shape key profiles; a second call, and a call after the in-memory
+    cache is dropped (the choice read back from disk), do not."""
     monkeypatch.setenv("FSALAB_DISPATCH_CACHE", str(tmp_path / "d.json"))
     dispatch._memory.clear()
+    profiled = []
+    profile = dispatch._profile
+    monkeypatch.setattr(dispatch, "_profile", lambda *a, **k: profiled.append(1) or profile(*a, **k))
     b = make_batch([4096], 8, 2, 128, dtype=torch.bfloat16, device="cuda", seed=2)
     block_idx = (torch.arange(4096, device="cuda") // 64).int()[:, None, None].expand(4096, 2, 1).contiguous()
     b.q.requires_grad_(True)
@@ -90,3 +95,6 @@ def test_auto_profiles_once_and_caches(tmp_path, monkeypatch):
     assert {fwd, bwd} <= set(dispatch.CANDIDATES)
     assert list(json.loads((tmp_path / "d.json").read_text()).values()) == [f"{fwd}/{bwd}"]
     assert dispatch.choose(b.q, b.k, b.v, block_idx, b.cu_seqlens, 64) == (fwd, bwd)
+    dispatch._memory.clear()
+    assert dispatch.choose(b.q, b.k, b.v, block_idx, b.cu_seqlens, 64) == (fwd, bwd)
+    assert len(profiled) == 1

@@ -9,7 +9,7 @@ import torch
 
 from fsalab.config import NSAConfig
 from fsalab.ops import flash, reference
-from fsalab.testing import assert_close, check_attention, compressed_inputs, make_batch
+from fsalab.testing import LaunchCounter, assert_close, check_attention, compressed_inputs, make_batch
 
 pytestmark = pytest.mark.usefixtures("poison_flash_buffers")
 
@@ -103,7 +103,10 @@ def test_strided_inputs(seed, device):
     b = make_batch([50, 21], 4, 2, 32, seed=seed, device=device)
     qkv = torch.cat([b.q, b.k, b.v], dim=1)  # [total, h + 2 h_kv, d]
     q, k, v = qkv[:, :4], qkv[:, 4:6], qkv[:, 6:]
-    o, lse = flash.flash_attention(q, k, v, b.cu_seqlens, window_size=20)
+    with LaunchCounter() as launches:
+        o, lse = flash.flash_attention(q, k, v, b.cu_seqlens, window_size=20)
+    copies = {op: n for op, n in launches.counts.items() if op in ("aten:clone", "aten:copy_", "aten:_to_copy")}
+    assert not copies, copies
     ro, rl = reference.window_attention(b.q, b.k, b.v, b.cu_seqlens, 20)
     assert_close(o, ro, name="o")
     assert_close(lse, rl, name="lse")

@@ -87,16 +87,21 @@ def test_rope_rotates_pairs_and_keeps_norms():
 
 
 def test_gate_impl_reaches_the_gated_sum():
-    """The module's gate_impl picks the gated sum: the fused kernel (under the interpreter here)
-    and torch's ops give the same output and input gradient; an unknown branch name fails at
-    construction."""
+    """The module's gate_impl picks the gated sum: the fused kernels (under the interpreter here)
+    run forward and backward for "triton" and not for "reference", and both give the same output
+    and input gradient; an unknown branch name fails at construction."""
+    from fsalab.testing import LaunchCounter
+
     x = torch.randn(60, 16)
     cu = cu_seqlens_of([45, 15])
     outs, grads = [], []
     for impl in ("reference", "triton"):
         xi = x.clone().requires_grad_()
-        out = tiny_module(dtype=torch.float32, gate_impl=impl)(xi, cu)
-        out.square().sum().backward()
+        with LaunchCounter() as launches:
+            out = tiny_module(dtype=torch.float32, gate_impl=impl)(xi, cu)
+            out.square().sum().backward()
+        fused = {k: launches.counts[f"triton:_gated_sum_{k}"] for k in ("fwd", "bwd")}
+        assert fused == ({"fwd": 1, "bwd": 1} if impl == "triton" else {"fwd": 0, "bwd": 0}), (impl, fused)
         outs.append(out.detach())
         grads.append(xi.grad)
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)

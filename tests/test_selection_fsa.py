@@ -166,7 +166,8 @@ def test_head_chunks_budget(n, g, fwd, chunks):
 def test_fsa_head_chunks_and_split_rows(impl, monkeypatch, seed, gen, device):
     """Partial buffers over budget: heads run in chunks (whole groups, then parts of a group,
     where the fast backward computes dK/dV apart from dq); long rows split over programs."""
-    batch = make_batch([50, 61], 10, 2, 64, dtype=torch.float16, device=device, seed=seed)
+    # the second sequence is longer than a backward tile's tokens (64 here), so its block-0 row splits
+    batch = make_batch([50, 140], 10, 2, 64, dtype=torch.float16, device=device, seed=seed)
     block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, gen, p_drop=0.2)
     block_idx[:, :, 0] = torch.where(block_idx[:, :, 0] >= 0, 0, -1)  # block 0 selected by every non-empty row
     monkeypatch.setattr(fsa_plan, "MIN_SPLIT_TILES", 1)
@@ -182,13 +183,24 @@ def test_fsa_head_chunks_and_split_rows(impl, monkeypatch, seed, gen, device):
         plans.append(head_chunks(*args, **kwargs))
         return plans[-1]
 
+    split_lists, work_list = [], fsa_plan.work_list
+
+    def recorded_work(*args, **kwargs):
+        work = work_list(*args, **kwargs)
+        if work.slots is not None:
+            split_lists.append(work)
+        return work
+
     monkeypatch.setattr(fsa_plan, "head_chunks", recorded_chunks)
+    monkeypatch.setattr(fsa_plan, "work_list", recorded_work)
     for budget in budgets:  # the budget is per query head of a group
         monkeypatch.setattr(fsa_plan, "BUFFER_BUDGET_BYTES", budget // 5)
         check_selected_attention(impl_fn(impl), batch, block_idx, 16)
     # every call ran in more than one chunk, and some chunk held part of a group only
     assert plans and all(len(chunks) > 1 for chunks in plans), plans
     assert any(c.heads < 5 for chunks in plans for c in chunks), plans
+    # the dK/dV work lists split a long row (block 0's) over programs: partial slots in use
+    assert split_lists and any(int(w.slots[-1]) > 0 for w in split_lists)
 
 
 @pytest.mark.slow(30)

@@ -200,8 +200,10 @@ def test_versus_group_on_gpu(tmp_path, monkeypatch):
                       defaults={"h_kv": 4, "d": 128}, direction=["fwd+bwd"], g=[4], N=[4096])
     versus.run_points(grid.expand(exp), exp, torch.device("cuda"), tmp_path, "gpu-test")
     rows = {r["impl"]: r for r in results.load_rows("gpu-test", "versus_test", tmp_path)}
+    assert set(rows) == {"auto", "fsa", "nsa", "sdpa_cudnn"}, sorted(rows)
     for impl, row in rows.items():
         assert row["status"] == "ok", row["message"]
+        assert row["check"]["status"] == "pass", (impl, row["check"])
         assert row["graph_status"] == "ok", (impl, row["graph_status"])
         assert row["graph_median_ms"] > 0 and row["graph_ratio_to_cudnn"] > 0
     for impl in ("auto", "fsa", "nsa"):

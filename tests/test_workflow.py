@@ -4,7 +4,6 @@ Skipped with a reason when snakemake is not installed (`pip install -e '.[workfl
 The end-to-end smoke run takes a few minutes on 2 CPU cores; FSALAB_E2E=0 skips it locally.
 """
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -37,9 +36,8 @@ def test_lint_clean():
 # ids avoid the bare word "gpu": conftest skips tests carrying a "gpu" keyword on CPU.
 @pytest.mark.parametrize("profile", ["default", "smoke", "gpu", "slurm"], ids=lambda p: f"{p}-profile")
 def test_dry_run(profile):
-    if profile == "slurm" and importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
-        pytest.skip("snakemake-executor-plugin-slurm is not installed")
-    extra = ["--config", "platform=h200"] if profile == "slurm" else []
+    # The slurm profile is planned by the dryrun executor, which needs no slurm plugin.
+    extra = ["--executor", "dryrun", "--config", "platform=h200"] if profile == "slurm" else []
     # --forceall: plan every job even where results already exist.
     out = _snakemake("--workflow-profile", f"workflow/profiles/{profile}", "-n", "--forceall", "--quiet", "rules", *extra)
     text = out.stdout + out.stderr
@@ -56,8 +54,9 @@ def test_paper_scale_jobs_ask_for_a_gpu_where_the_planner_has_none():
     """Planned on a machine without CUDA (a slurm login node), the paper-scale grids still
     request a GPU per measurement job, and a whole-grid job (versus, batch_points) a runtime
     that fits a grid; the smoke grids request none."""
-    def bench_versus_resources(*config):
-        out = _snakemake("-n", "--forceall", "--config", *config, "--", f"results/{config[-1].split('=')[1]}/versus.csv")
+    def bench_versus_resources(*args):
+        platform = args[-1].split("=")[1]
+        out = _snakemake("-n", "--forceall", *args, "--", f"results/{platform}/versus.csv")
         text = out.stdout + out.stderr
         assert out.returncode == 0, text[-3000:]
         job = text.split("rule bench_versus:", 1)[1]
@@ -67,8 +66,11 @@ def test_paper_scale_jobs_ask_for_a_gpu_where_the_planner_has_none():
 
     if torch.cuda.is_available():
         pytest.skip("the workflow plans every job on a GPU where it has one")
-    assert "gpu=1, runtime=240" in bench_versus_resources("mode=full", "platform=h200")
-    assert "gpu=0" in bench_versus_resources("mode=smoke", "platform=cpu-interpret")
+    slurm = bench_versus_resources("--workflow-profile", "workflow/profiles/slurm", "--executor", "dryrun",
+                                   "--config", "platform=h200")
+    assert all(r in slurm for r in ("gpu=1", "runtime=240", "cpus_per_task=8", "mem_mb=64000")), slurm
+    assert "gpu=1, runtime=240" in bench_versus_resources("--config", "mode=full", "platform=h200")
+    assert "gpu=0" in bench_versus_resources("--config", "mode=smoke", "platform=cpu-interpret")
 
 
 @pytest.mark.slow(290)

@@ -160,4 +160,13 @@ def reproduction_inputs(platform):
     made = platform == PLATFORM and MODE != "figures"
     others = [f"results/{platform}/{e}.csv" for e in grid.known_experiments()
               if (made and e in EXPERIMENTS) or (ROOT / "results" / platform / f"{e}.csv").is_file()]
-    return sorted(set(notebook_tables + others)) + figs
+    return sorted(set(notebook_tables + others)) + figs + reproduction_code()
+
+
+def reproduction_code():
+    """The code and paper values REPRODUCTION.md is written by, where this checkout has them (a
+    copied workflow runs the installed package): a change to a verdict rule or a claim rewrites
+    the document on the next run, as a new result does."""
+    files = sorted((ROOT / "src" / "fsalab" / "reproduction").glob("*.py"))
+    files += sorted((ROOT / "src" / "fsalab" / "data").glob("paper*"))
+    return [str(f.relative_to(ROOT)) for f in files]

@@ -176,8 +176,8 @@ def test_committed_results_carry_hashed_ids_and_their_csvs_match(tmp_path):
     for csv in sorted(root.glob(f"{committed}/*.csv")):
         folder = csv.with_suffix("")
         if folder.is_dir():
-            ids = set(results.load_table(csv.parent.name, csv.stem, root)["point"])
-            assert ids == {p.stem for p in folder.glob("*.json")}, csv
+            # a fresh aggregate takes every point file of the folder, so equal bytes also mean
+            # the table lists exactly the folder's points
             fresh = results.aggregate(csv.parent.name, csv.stem, root, out=tmp_path / csv.parent.name / csv.name)
             assert fresh.read_bytes() == csv.read_bytes(), f"{csv}: run `fsalab aggregate` on its point files"
 

@@ -54,9 +54,8 @@ def test_paper_scale_jobs_ask_for_a_gpu_where_the_planner_has_none():
     """Planned on a machine without CUDA (a slurm login node), the paper-scale grids still
     request a GPU per measurement job, and a whole-grid job (versus, batch_points) a runtime
     that fits a grid; the smoke grids request none."""
-    def bench_versus_resources(*args):
-        platform = args[-1].split("=")[1]
-        out = _snakemake("-n", "--forceall", *args, "--", f"results/{platform}/versus.csv")
+    def bench_versus_resources(platform, *args):
+        out = _snakemake("-n", "--forceall", *args, f"platform={platform}", "--", f"results/{platform}/versus.csv")
         text = out.stdout + out.stderr
         assert out.returncode == 0, text[-3000:]
         job = text.split("rule bench_versus:", 1)[1]
@@ -66,11 +65,11 @@ def test_paper_scale_jobs_ask_for_a_gpu_where_the_planner_has_none():
 
     if torch.cuda.is_available():
         pytest.skip("the workflow plans every job on a GPU where it has one")
-    slurm = bench_versus_resources("--workflow-profile", "workflow/profiles/slurm", "--executor", "dryrun",
-                                   "--config", "platform=h200")
+    slurm = bench_versus_resources("h200", "--workflow-profile", "workflow/profiles/slurm", "--executor", "dryrun",
+                                   "--config")
     assert all(r in slurm for r in ("gpu=1", "runtime=240", "cpus_per_task=8", "mem_mb=64000")), slurm
-    assert "gpu=1, runtime=240" in bench_versus_resources("--config", "mode=full", "platform=h200")
-    assert "gpu=0" in bench_versus_resources("--config", "mode=smoke", "platform=cpu-interpret")
+    assert "gpu=1, runtime=240" in bench_versus_resources("h200", "--config", "mode=full")
+    assert "gpu=0" in bench_versus_resources("cpu-interpret", "--config", "mode=smoke")
 
 
 @pytest.mark.slow(290)

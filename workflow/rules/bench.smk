@@ -43,8 +43,8 @@ for _exp in BATCH_EXPERIMENTS:
             command=bench_command(_exp),
         resources:
             gpu=1 if JOBS_NEED_GPU else 0,
-            # A whole grid in one job: the H200 took up to ≈ 30 min for one experiment's grid
-            # (kernel, generate; docs/workflow.md), so a batch scheduler must not stop it at a
+            # A whole grid in one job: on the H200 kernel's grid is ≈ 29 min of point time and
+            # versus' ≈ 40 min (docs/workflow.md), so a batch scheduler must not stop it at a
             # single point's default.
             runtime=240,
         conda:

@@ -3,11 +3,11 @@
 # files with GPU tests are dealt into CHUNKS groups (heaviest first) that run side by side on
 # the one GPU (most of the time is Triton compilation, which is host-bound), with
 # FSALAB_AUTOTUNE=0 (each kernel's first config that survives pruning, no autotune timing).
-# Each chunk's log goes to $OUT/pytest-gpu-<i>.log; $OUT/pytest-gpu-summary.txt gets each chunk's
-# files and result (scripts/gpu/gpu_tests_summary.py), printed at the end; exits 1 when any
-# chunk failed or did not finish. GPU_TESTS_BUDGET_S (seconds, optional) stops the chunks still
-# running then with SIGINT, so they still print their counts (keep it under the device call's
-# own limit, or nothing is summarised).
+# Each chunk's log (with its ten slowest tests) goes to $OUT/pytest-gpu-<i>.log;
+# $OUT/pytest-gpu-summary.txt gets each chunk's files and result (scripts/gpu/gpu_tests_summary.py),
+# printed at the end; exits 1 when any chunk failed or did not finish. GPU_TESTS_BUDGET_S (seconds,
+# optional) stops the chunks still running then with SIGINT, so they still print their counts
+# (keep it under the device call's own limit, or nothing is summarised).
 #   source scripts/gpu/setup_site.sh && [GPU_TESTS_BUDGET_S=540] bash scripts/gpu/run_gpu_tests.sh [CHUNKS] [PYTEST ARGS...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,10 +18,14 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-# The heaviest files first (most kernel variants to compile), one per chunk in turn; then the rest.
+# The heaviest files first (most kernel variants to compile), one entry per chunk in turn; then the
+# rest. An entry may name two files, a slow one beside a quick one: at c3ad87c test_versus.py
+# (whole NSA attention, `auto` profiling its candidates) dealt after test_decode_gpu.py ran chunk 1
+# past 400 s while the compressed-attention chunk finished in 28 s.
 heavy=(tests/test_gpu_selection.py tests/test_decode_gpu.py tests/test_gpu_flash.py tests/test_gpu_runners.py
-       tests/test_selection_fsa.py tests/test_selection_nsa.py tests/test_gpu_compression.py tests/test_compressed_attention.py)
-mapfile -t rest < <(grep -l "mark.gpu" tests/test_*.py | grep -vxF -f <(printf '%s\n' "${heavy[@]}") | xargs ls -S)
+       tests/test_selection_fsa.py tests/test_selection_nsa.py tests/test_gpu_compression.py
+       "tests/test_compressed_attention.py tests/test_versus.py")
+mapfile -t rest < <(grep -l "mark.gpu" tests/test_*.py | grep -vxF -f <(printf '%s\n' ${heavy[@]}) | xargs ls -S)
 files=("${heavy[@]}" "${rest[@]}")
 budget=${GPU_TESTS_BUDGET_S:-0}
 stop=()
@@ -31,11 +35,12 @@ pids=()
 lists=()
 for ((i = 0; i < chunks; i++)); do
   mine=()
-  for ((j = i; j < ${#files[@]}; j += chunks)); do mine+=("${files[j]}"); done
+  # Unquoted: a heavy entry may name two files.
+  for ((j = i; j < ${#files[@]}; j += chunks)); do mine+=(${files[j]}); done
   [[ ${#mine[@]} -eq 0 ]] && continue
   echo "chunk $i: ${mine[*]}"
   lists+=(--chunk "${mine[*]}")
-  "${stop[@]}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs "$@" "${mine[@]}" > "$OUT/pytest-gpu-$i.log" 2>&1 &
+  "${stop[@]}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs --durations=10 "$@" "${mine[@]}" > "$OUT/pytest-gpu-$i.log" 2>&1 &
   pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid"; done

@@ -43,6 +43,27 @@ def poison_flash_buffers(monkeypatch):
     monkeypatch.setattr(flash, "_empty", poison)
 
 
+@pytest.fixture
+def poison_every_allocation(monkeypatch):
+    """torch.empty, torch.empty_like and Tensor.new_empty hand out poisoned tensors: floating
+    ones full of NaN, integer ones full of the dtype's minimum (an index no kernel writes and any
+    read of it lands far out of bounds), so an element a kernel allocates and never writes shows
+    up in the comparison. Covers the integer outputs and ``new_empty`` buffers that
+    ``fsalab.testing.poisoned_allocations`` leaves alone."""
+
+    def poisoned(t):
+        if t.is_floating_point():
+            return t.fill_(float("nan"))
+        if t.dtype in (torch.int8, torch.int16, torch.int32, torch.int64):
+            return t.fill_(torch.iinfo(t.dtype).min)
+        return t
+
+    empty, empty_like, new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poisoned(empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poisoned(empty_like(*a, **kw)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **kw: poisoned(new_empty(self, *a, **kw)))
+
+
 def pytest_configure(config):
     # pytest-xdist: hand items to the workers one at a time (default: a quarter of each worker's
     # share at once), so the long items collected first (below) spread over both workers and the

@@ -68,6 +68,7 @@ def packed_lengths(cfg, long):
         (torch.float32, 256, (16, 8), None),
     ],
 )
+@pytest.mark.usefixtures("poison_every_allocation")
 def test_compress_kv_matches_reference(dtype, d, ls, w_dtype, gen, seed):
     cfg = NSAConfig(kernel_size=ls[0], kernel_stride=ls[1], block_size=64, topk=4)
     h_kv = 1 if d > 128 else 2  # head indexing is covered by the smaller d; keeps the interpreter quick
@@ -187,8 +188,12 @@ def selection_inputs(lengths, h_kv, g, d, cfg, dtype, gen, q_scale=1.0):
         (8, 64, torch.float32, NSAConfig(kernel_size=16, kernel_stride=16, block_size=16, topk=7, init_blocks=0), 1.0),
         (16, 64, torch.float16, NSAConfig(kernel_size=16, kernel_stride=8, block_size=64, topk=5, local_blocks=1), 1.0),
         (4, 256, torch.float32, NSAConfig(), 1.0),  # topk = 16 > causal blocks: -1 padding
+        # g = 6 runs as 4 + 2 heads; g = 7 as one part of 8 rows, one of them padding
+        (6, 32, torch.float16, NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=3), 1.0),
+        (7, 32, torch.float32, NSAConfig(kernel_size=16, kernel_stride=8, block_size=32, topk=3), 8.0),
     ],
 )
+@pytest.mark.usefixtures("poison_every_allocation")
 def test_select_blocks_matches_reference(g, d, dtype, cfg, q_scale, gen):
     h_kv = 1 if d >= 128 else 2  # head offsets are covered by the smaller d; keeps the interpreter quick
     lengths = [6 * cfg.block_size + 37, 3, cfg.kernel_size - 1, cfg.block_size + 5, 40, 1]

@@ -108,18 +108,20 @@ def _random_cache(cfg, lengths, h, h_kv, d, dtype, capacity, seed):
 
 
 @INTERPRETED
-@pytest.mark.parametrize("dtype,splits,g", [
-    (torch.float32, (1, 1, 1), 1), (torch.float32, (5, 4, 3), 5), (torch.float32, (3, 2, 2), 4),
-    (torch.float16, (3, 2, 2), 5), (torch.float16, (5, 4, 3), 1), (torch.float16, (1, 1, 1), 4),
+@pytest.mark.parametrize("dtype,splits,g,q_scale", [
+    (torch.float32, (1, 1, 1), 1, 2.0), (torch.float32, (5, 4, 3), 5, 2.0), (torch.float32, (3, 2, 2), 4, 2.0),
+    (torch.float16, (3, 2, 2), 5, 2.0), (torch.float16, (5, 4, 3), 1, 2.0), (torch.float16, (1, 1, 1), 4, 2.0),
+    # groups of 6 and 7 heads (padded rows), and logits 8x larger
+    (torch.float32, (3, 2, 2), 6, 8.0), (torch.float16, (5, 4, 3), 7, 8.0),
 ])
-def test_step_matches_reference(dtype, splits, g):
+def test_step_matches_reference(dtype, splits, g, q_scale):
     """The Triton step against the fp32 reference on one cache state: block_idx equal, o within
     twice PyTorch's own error in the dtype; allocations NaN-poisoned (an unwritten partial fails)."""
     h_kv, d = 2, 16
     lengths = [60, 1, 7, 8, 33, 64]  # below l, the first compressed token, a full block, capacity
     cache, gen = _random_cache(WIDE, lengths, h_kv * g, h_kv, d, dtype, capacity=64, seed=sum(splits) + g)
     batch, h = len(lengths), h_kv * g
-    q = (torch.randn(batch, h, d, generator=gen) * 2).to(dtype)
+    q = (torch.randn(batch, h, d, generator=gen) * q_scale).to(dtype)
     gates = torch.randn(batch, h, 3, generator=gen).to(dtype)
     with pytest.raises(ValueError, match="capacity"):
         cache.check_step()  # 64 tokens: full; the attention itself still runs on it

@@ -13,8 +13,8 @@ from fsalab.testing import check_attention, make_batch
 pytestmark = pytest.mark.usefixtures("poison_flash_buffers")
 
 
-def _check(lengths, h, h_kv, d, impl, dtype, seed, device, max_seqlen=None):
-    b = make_batch(lengths, h, h_kv, d, seed=seed, device=device)
+def _check(lengths, h, h_kv, d, impl, dtype, seed, device, max_seqlen=None, q_scale=1.0):
+    b = make_batch(lengths, h, h_kv, d, seed=seed, device=device, q_scale=q_scale)
     cu, total = b.cu_seqlens, b.total
     check_attention(
         lambda q, k, v: full.full_attention(q, k, v, cu, max_seqlen, impl=impl),
@@ -26,6 +26,13 @@ def _check(lengths, h, h_kv, d, impl, dtype, seed, device, max_seqlen=None):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_triton(dtype, seed, device):
     _check([50, 1, 17], 4, 2, 32, "triton", dtype, seed, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_many_short_sequences_large_logits(dtype, seed, device):
+    """Ten packed sequences of 1-9 tokens and one of 80 (tiles straddle sequence starts), seven
+    query heads on one KV head, d = 64, and logits 16x the unit scale."""
+    _check([3, 1, 5, 2, 9, 4, 1, 6, 2, 80], 7, 1, 64, "triton", dtype, seed, device, q_scale=16.0)
 
 
 @pytest.mark.parametrize(

@@ -63,11 +63,11 @@ def test_compress_kv_forward_backward(lengths, dtype, seed, device):
     assert all(torch.equal(a, b) for a, b in zip(got, again)), "backward is not bitwise deterministic"
 
 
-def _check_select(lengths, g, cfg, dtype, seed, device, rows_per_slice=None, d=D, kernel="auto"):
+def _check_select(lengths, g, cfg, dtype, seed, device, rows_per_slice=None, d=D, kernel="auto", q_scale=1.0):
     gen = torch.Generator(device=device).manual_seed(seed)
     cu = cu_seqlens_of(lengths, device)
     total = sum(lengths)
-    q = torch.randn(total, H_KV * g, d, generator=gen, device=device).to(dtype)
+    q = (torch.randn(total, H_KV * g, d, generator=gen, device=device) * q_scale).to(dtype)
     k_cmp = torch.randn(total // cfg.kernel_stride, H_KV, d, generator=gen, device=device).to(dtype)
     cu_cmp = compressed_cu_seqlens(cu, cfg.kernel_size, cfg.kernel_stride)
     _, lse = reference.compressed_attention(q, k_cmp, k_cmp, cu, cu_cmp, cfg)
@@ -101,7 +101,7 @@ def test_select_blocks(lengths, g, pair, dtype, seed, device):
 
 KERNEL_CASES = [
     # g, (block_size, topk), d, dtype: both selection kernels on the same inputs
-    *((g, (64, 16), D, torch.bfloat16) for g in (1, 2, 3, 4, 5, 6, 8)),  # Gluon: 64 tokens a program at g = 8
+    *((g, (64, 16), D, torch.bfloat16) for g in (1, 2, 3, 4, 5, 6, 7, 8)),  # Gluon: 64 tokens a program at g = 8
     (1, (128, 8), D, torch.bfloat16), (4, (128, 8), D, torch.float16),
     (1, (64, 16), 64, torch.bfloat16), (2, (64, 16), 256, torch.bfloat16), (3, (64, 16), 256, torch.bfloat16),
 ]
@@ -114,6 +114,13 @@ def test_select_blocks_kernels(kernel, g, pair, d, dtype, seed, device):
     """The Triton and the Gluon selection kernel (``select_blocks(kernel=...)``) each against the
     reference on a packed batch with a one-token sequence and one shorter than kernel_size."""
     _check_select(VARLEN_8K, g, NSAConfig(block_size=pair[0], topk=pair[1]), dtype, seed, device, d=d, kernel=kernel)
+
+
+@pytest.mark.parametrize("kernel", ["triton", "gluon"])
+def test_select_blocks_kernels_large_logits(kernel, seed, device):
+    """Both selection kernels with logits 16x the unit scale (block scores peaked on a few blocks,
+    most near zero), g = 5."""
+    _check_select(VARLEN_8K, 5, NSAConfig(), torch.bfloat16, seed, device, kernel=kernel, q_scale=16.0)
 
 
 @pytest.mark.parametrize("g, pair", [(1, (64, 16)), (16, (64, 16)), (4, (128, 8))], ids=["g1-B64T16", "g16-B64T16", "g4-B128T8"])

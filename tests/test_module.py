@@ -1,4 +1,4 @@
-"""NativeSparseAttention: gradients, packed vs padded input, RoPE."""
+"""NativeSparseAttention: gradients, packed vs padded input, RoPE, the kernel branches against the references."""
 
 import pytest
 import torch
@@ -109,3 +109,55 @@ def test_gate_impl_reaches_the_gated_sum():
     for bad in ({"gate_impl": "fused"}, {"window_impl": "flash"}, {"compression_impl": "cuda"}):
         with pytest.raises(ValueError, match=f"{next(iter(bad))} must be one of"):
             tiny_module(dtype=torch.float32, **bad)
+
+
+@pytest.mark.slow(20)
+@pytest.mark.parametrize("selection_impl,dtype", [("fsa", torch.float32), ("nsa", torch.float16)])
+@pytest.mark.usefixtures("poison_every_allocation")
+def test_kernel_branches_match_the_reference_module(selection_impl, dtype):
+    """Every branch on its Triton kernel (compress_kv, compressed attention, block selection, the
+    selected attention, window, gated sum; interpreted here) against the same weights on the
+    PyTorch references in float64: the output, the input's gradient and every parameter's, within
+    twice what the reference module makes in the dtype itself, with every allocation poisoned (an
+    element a kernel leaves unwritten fails). The packed batch holds one token, fewer tokens than
+    kernel_size, a block and a bit, and several blocks; g = 3, d = 16. A fixed seed: a near-tie
+    between two blocks' scores would pick another block, not a rounding error."""
+    from fsalab.ops.reference import native_precision
+    from fsalab.testing import LaunchCounter, assert_close
+
+    cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=2, init_blocks=1, local_blocks=1,
+                    window_size=16)
+    references = dict(compression_impl="reference", selection_impl="reference", window_impl="reference",
+                      gate_impl="reference")
+
+    def build(dtype, **impls):
+        torch.manual_seed(0)
+        return NativeSparseAttention(48, 6, 2, head_dim=16, config=cfg, dtype=dtype, **impls)
+
+    kernels = build(dtype, compression_impl="triton", selection_impl=selection_impl, window_impl="triton",
+                    gate_impl="triton")
+    exact, native = build(torch.float64, **references), build(dtype, **references)
+    exact.load_state_dict({k: v.double() for k, v in kernels.state_dict().items()})
+    cu = cu_seqlens_of([1, 15, 20, 70])
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(106, 48, generator=gen)
+    dout = torch.randn(106, 48, generator=gen)
+    results = []
+    for module, dt in ((kernels, dtype), (exact, torch.float64), (native, dtype)):
+        xi = x.to(dt).clone().requires_grad_()
+        with native_precision() if module is native else LaunchCounter() as launches:
+            out = module(xi, cu)
+            (out.double() * dout.double()).sum().backward()
+        grads = {f"{n}.grad": p.grad for n, p in module.named_parameters()}
+        results.append({"output": out.detach(), "x.grad": xi.grad, **grads})
+        if module is kernels:  # every branch ran on its kernels, forward and backward
+            ran = {name.removeprefix("triton:") for name, n in launches.counts.items() if n}
+            want_ran = {"_compress_fwd_kernel", "_compress_dx_kernel", "_compress_dw_kernel", "_compress_dpe_kernel",
+                        "_select_kernel", "_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_gated_sum_fwd",
+                        "_gated_sum_bwd", {"fsa": "_merge_kernel", "nsa": "_bwd_dq_kernel"}[selection_impl]}
+            assert want_ran <= ran, sorted(want_ran - ran)
+    got, want, own = results
+    assert got.keys() == want.keys() and len(got) > 8
+    for name in got:
+        assert got[name] is not None, f"{name} got no gradient"
+        assert_close(got[name], want[name], own[name], dtype=dtype, name=name)

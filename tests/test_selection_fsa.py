@@ -52,6 +52,7 @@ def impl_fn(impl: str, inner_loop: bool = True, early_return: bool = True):
         ("fsa_paper", torch.float32, 256, 1, 64, 2),
         ("fsa", torch.float16, 64, 6, 32, 3),
         ("fsa", torch.float32, 64, 7, 16, 2),
+        ("fsa_paper", torch.float32, 64, 7, 16, 2),
         ("fsa", torch.float16, 64, 8, 32, 3),
         ("fsa", torch.float32, 128, 16, 16, 2),
         ("fsa_paper", torch.float16, 64, 16, 64, 2),

@@ -35,6 +35,8 @@ NSA = functools.partial(selected_attention, impl="nsa")
         (torch.float16, 96, 3, 32, 3),
         (torch.float32, 128, 4, 16, 4),
         (torch.float16, 192, 5, 16, 3),
+        (torch.float16, 64, 6, 16, 3),  # a group of 6 and of 7 heads pads its tile to 8 rows
+        (torch.float32, 64, 7, 32, 2),
         (torch.float16, 256, 8, 32, 2),
         (torch.float16, 128, 16, 64, 2),
         (torch.float32, 256, 16, 16, 3),

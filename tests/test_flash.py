@@ -59,7 +59,8 @@ def test_head_dims(d, seed, device):
 @pytest.mark.parametrize(
     "g,mask,dtype",
     [(1, "window", torch.float32), (2, "compressed", torch.float16), (3, "window", torch.float16),
-     (5, "compressed", torch.float32), (8, "window", torch.float32), (16, "compressed", torch.float16)],
+     (3, "compressed", torch.float32), (5, "compressed", torch.float32), (6, "compressed", torch.float16),
+     (7, "window", torch.float32), (8, "window", torch.float32), (16, "compressed", torch.float16)],
 )
 def test_group_sizes(g, mask, dtype, seed, device):
     _run(mask, [29, 41] if g <= 5 else [19, 25], g, 1, 32, dtype, seed, device)

@@ -1,9 +1,11 @@
-"""scripts/gpu/gpu_tests_summary.py, which writes the GPU suite's summary committed beside its
-logs: a chunk passes only when pytest printed a count free of failures and was not interrupted;
-a chunk stopped by the suite's budget or killed says so, with what its log shows."""
+"""The GPU suite's scripts. scripts/gpu/gpu_tests_summary.py writes the summary committed beside
+its logs: a chunk passes only when pytest printed a count free of failures and was not
+interrupted; a chunk stopped by the suite's budget or killed says so, with what its log shows.
+scripts/gpu/run_gpu_tests.sh deals every file with GPU tests into exactly one chunk."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,3 +52,22 @@ def test_interrupted_killed_failed_and_missing_chunks_fail(tmp_path):
     assert lines[4] == "chunk 3: tests/test_3.py -> 1 failed, 3 passed in 9.00s"
     assert lines[5] == "chunk 4: tests/test_4.py -> no log"
     assert lines[-1] == "all chunks: 321 s, status 1"
+
+
+def test_every_gpu_test_file_runs_in_exactly_one_chunk():
+    """run_gpu_tests.sh deals each file that pytest collects GPU tests from into one chunk, once,
+    and names no file that does not exist (GPU_TESTS_LIST_ONLY=1 lists the chunks without running)."""
+    root = SCRIPT.parents[2]
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p",
+                                "no:cacheprovider", "tests"], cwd=root, capture_output=True, text=True, timeout=300)
+    gpu_files = {line.split("::")[0] for line in collected.stdout.splitlines() if "::" in line}
+    assert len(gpu_files) > 10, collected.stdout[-2000:]
+    for chunks in (8, 3):
+        listed = subprocess.run(["bash", str(SCRIPT.parent / "run_gpu_tests.sh"), str(chunks)], cwd=root,
+                                env={**os.environ, "GPU_TESTS_LIST_ONLY": "1"}, capture_output=True, text=True,
+                                timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        lines = listed.stdout.splitlines()
+        assert len(lines) == chunks and all(line.startswith(f"chunk {i}: ") for i, line in enumerate(lines))
+        dealt = [f for line in lines for f in line.split(": ", 1)[1].split()]
+        assert sorted(dealt) == sorted(gpu_files), (chunks, set(dealt) ^ gpu_files)

@@ -8,16 +8,20 @@
 # printed at the end; exits 1 when any chunk failed or did not finish. GPU_TESTS_BUDGET_S (seconds,
 # optional) stops the chunks still running then with SIGINT, so they still print their counts
 # (keep it under the device call's own limit, or nothing is summarised).
+# GPU_TESTS_LIST_ONLY=1 prints the chunks ("chunk <i>: <files>") and exits without running them.
 #   source scripts/gpu/setup_site.sh && [GPU_TESTS_BUDGET_S=540] bash scripts/gpu/run_gpu_tests.sh [CHUNKS] [PYTEST ARGS...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 chunks=${1:-8}
 shift $(( $# > 0 ? 1 : 0 ))
+list_only=${GPU_TESTS_LIST_ONLY:-0}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" FSALAB_AUTOTUNE=0
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+if [ "$list_only" != 1 ]; then
+  mkdir -p "$OUT"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+fi
 # The heaviest files first (most kernel variants to compile), one entry per chunk in turn; then the
 # rest. An entry may name two files, a slow one beside a quick one: at c3ad87c test_versus.py
 # (whole NSA attention, `auto` profiling its candidates) dealt after test_decode_gpu.py ran chunk 1
@@ -39,10 +43,12 @@ for ((i = 0; i < chunks; i++)); do
   for ((j = i; j < ${#files[@]}; j += chunks)); do mine+=(${files[j]}); done
   [[ ${#mine[@]} -eq 0 ]] && continue
   echo "chunk $i: ${mine[*]}"
+  [ "$list_only" = 1 ] && continue
   lists+=(--chunk "${mine[*]}")
   "${stop[@]}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs --durations=10 "$@" "${mine[@]}" > "$OUT/pytest-gpu-$i.log" 2>&1 &
   pids+=($!)
 done
+[ "$list_only" = 1 ] && exit 0
 for pid in "${pids[@]}"; do wait "$pid"; done
 for log in "$OUT"/pytest-gpu-*.log; do echo "--- $log"; tail -n 15 "$log"; done
 python3 scripts/gpu/gpu_tests_summary.py --out "$OUT" --seconds $(( $(date +%s) - start )) "${lists[@]}"

@@ -30,7 +30,7 @@ def test_triton(dtype, seed, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_triton_many_short_sequences_large_logits(dtype, seed, device):
-    """Ten packed sequences of 1-9 tokens and one of 80 (tiles straddle sequence starts), seven
+    """Nine packed sequences of 1-9 tokens and one of 80 (tiles straddle sequence starts), seven
     query heads on one KV head, d = 64, and logits 16x the unit scale."""
     _check([3, 1, 5, 2, 9, 4, 1, 6, 2, 80], 7, 1, 64, "triton", dtype, seed, device, q_scale=16.0)
 

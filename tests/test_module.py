@@ -138,25 +138,30 @@ def test_kernel_branches_match_the_reference_module(selection_impl, dtype):
                     gate_impl="triton")
     exact, native = build(torch.float64, **references), build(dtype, **references)
     exact.load_state_dict({k: v.double() for k, v in kernels.state_dict().items()})
+    native.load_state_dict(kernels.state_dict())
     cu = cu_seqlens_of([1, 15, 20, 70])
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(106, 48, generator=gen)
     dout = torch.randn(106, 48, generator=gen)
-    results = []
-    for module, dt in ((kernels, dtype), (exact, torch.float64), (native, dtype)):
+
+    def output_and_grads(module, dt):
         xi = x.to(dt).clone().requires_grad_()
-        with native_precision() if module is native else LaunchCounter() as launches:
-            out = module(xi, cu)
-            (out.double() * dout.double()).sum().backward()
+        out = module(xi, cu)
+        (out.double() * dout.double()).sum().backward()
         grads = {f"{n}.grad": p.grad for n, p in module.named_parameters()}
-        results.append({"output": out.detach(), "x.grad": xi.grad, **grads})
-        if module is kernels:  # every branch ran on its kernels, forward and backward
-            ran = {name.removeprefix("triton:") for name, n in launches.counts.items() if n}
-            want_ran = {"_compress_fwd_kernel", "_compress_dx_kernel", "_compress_dw_kernel", "_compress_dpe_kernel",
-                        "_select_kernel", "_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_gated_sum_fwd",
-                        "_gated_sum_bwd", {"fsa": "_merge_kernel", "nsa": "_bwd_dq_kernel"}[selection_impl]}
-            assert want_ran <= ran, sorted(want_ran - ran)
-    got, want, own = results
+        return {"output": out.detach(), "x.grad": xi.grad, **grads}
+
+    with LaunchCounter() as launches:
+        got = output_and_grads(kernels, dtype)
+    want = output_and_grads(exact, torch.float64)
+    with native_precision():
+        own = output_and_grads(native, dtype)
+    # every branch ran on its kernels, forward and backward
+    ran = {name.removeprefix("triton:") for name, n in launches.counts.items() if n}
+    want_ran = {"_compress_fwd_kernel", "_compress_dx_kernel", "_compress_dw_kernel", "_compress_dpe_kernel",
+                "_select_kernel", "_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_gated_sum_fwd", "_gated_sum_bwd",
+                {"fsa": "_merge_kernel", "nsa": "_bwd_dq_kernel"}[selection_impl]}
+    assert want_ran <= ran, sorted(want_ran - ran)
     assert got.keys() == want.keys() and len(got) > 8
     for name in got:
         assert got[name] is not None, f"{name} got no gradient"

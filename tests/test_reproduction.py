@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pandas as pd
 import pytest
@@ -289,6 +290,26 @@ def test_collect_adds_only_the_point_files_this_tree_lacks(tmp_path, capsys):
         "h200/kernel/a.json", "h200/kernel/b.json", "h200/kernel/c.json", "h200/superseded/kernel/f.2222222.json"]
     assert cli.main(["collect", str(archive), "--results-dir", str(here), "--no-aggregate"]) == 0
     assert "0 added, 2 already here, 1 kept (differing), 1 set aside here before" in capsys.readouterr().err
+
+
+def test_pack_results_leaves_out_superseded_rows_and_checks(tmp_path):
+    """scripts/gpu/pack_results.sh (the device calls' archive): point files, tables and logs go
+    in; superseded/ and checks/ of every platform stay out."""
+    import subprocess
+    import tarfile
+
+    for name in ("h200/kernel/a.json", "h200/kernel.csv", "h200/logs/grid.log", "h200/superseded/kernel/a.1111111.json",
+                 "h200/checks/pytest-gpu-0.log", "h200x2/superseded/train/b.2222222.json"):
+        (tmp_path / "results" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "results" / name).write_text("{}")
+    out = tmp_path / "out"
+    out.mkdir()
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "pack_results.sh")], cwd=tmp_path,
+                          env={**os.environ, "OUT": str(out)}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(out / "results.tgz") as tar:
+        files = sorted(m.name for m in tar.getmembers() if m.isfile())
+    assert files == ["results/h200/kernel.csv", "results/h200/kernel/a.json", "results/h200/logs/grid.log"]
 
 
 def _versus_rows(ratios: dict) -> pd.DataFrame:

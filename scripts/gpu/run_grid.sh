@@ -38,6 +38,4 @@ mkdir -p "$OUT" results
 python3 -m fsalab.cli env | head -20
 timeout --signal=INT "$budget" python3 -m fsalab.cli "$runner" --experiment "$exp" --all --skip-existing \
   --filter="$filter" --results-dir results "$@" 2>&1 | tee -a "$OUT/grid-$exp.log" | grep -v ": exists, skipped" | tail -n 400 | cut -c1-160
-# The runs write point files, tables and logs; what was set aside (superseded/) and the A/B
-# checks stay out of the archive, which must stay under the 16 MiB a returned file may have.
-tar -czf "$OUT/results.tgz" --exclude="results/*/superseded" --exclude="results/*/checks" results
+OUT=$OUT bash "$(dirname "$0")/pack_results.sh"

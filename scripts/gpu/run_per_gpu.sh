@@ -25,7 +25,5 @@ for i in "${!pids[@]}"; do
   echo "== GPU $i: $(tail -n 3 "$OUT/gpu$i/console.log" | tr '\n' ' ' | cut -c1-300)"
 done
 rm -f "$OUT"/gpu*/results.tgz
-# The runs write point files, tables and logs; what was set aside (superseded/) and the A/B
-# checks stay out of the archive, which must stay under the 16 MiB a returned file may have.
-tar -czf "$OUT/results.tgz" --exclude="results/*/superseded" --exclude="results/*/checks" results
+OUT=$OUT bash "$(dirname "$0")/pack_results.sh"
 exit $status

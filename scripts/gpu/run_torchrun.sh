@@ -26,6 +26,4 @@ platform=(--platform "h200x$gpus")
 timeout --signal=INT "$budget" python3 -m torch.distributed.run --standalone --nproc-per-node "$nproc" \
   -m "$module" --experiment "$exp" --all --skip-existing --filter="$filter" --results-dir results \
   "${platform[@]}" "$@" 2>&1 | tee -a "$OUT/torchrun-$exp-np$nproc.log" | grep -v ": exists, skipped" | tail -n 200 | cut -c1-160
-# The runs write point files, tables and logs; what was set aside (superseded/) and the A/B
-# checks stay out of the archive, which must stay under the 16 MiB a returned file may have.
-tar -czf "$OUT/results.tgz" --exclude="results/*/superseded" --exclude="results/*/checks" results
+OUT=$OUT bash "$(dirname "$0")/pack_results.sh"

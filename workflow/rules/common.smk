@@ -168,5 +168,7 @@ def reproduction_code():
     copied workflow runs the installed package): a change to a verdict rule or a claim rewrites
     the document on the next run, as a new result does."""
     files = sorted((ROOT / "src" / "fsalab" / "reproduction").glob("*.py"))
-    files += [f for f in [ROOT / "src" / "fsalab" / "data" / "paper_values.yaml"] if f.is_file()]
+    paper_values = ROOT / "src" / "fsalab" / "data" / "paper_values.yaml"
+    if paper_values.is_file():
+        files.append(paper_values)
     return [str(f.relative_to(ROOT)) for f in files]

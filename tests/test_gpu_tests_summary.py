@@ -30,7 +30,7 @@ def _summarise(tmp_path: Path, names: list[str], missing: int = 0) -> tuple[int,
         (tmp_path / f"pytest-gpu-{i}.log").write_text(LOGS[name])
     chunks = [arg for i in range(len(names) + missing) for arg in ("--chunk", f"tests/test_{i}.py")]
     out = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--seconds", "321", "--commit",
-                          "abc1234", *chunks], capture_output=True, text=True, timeout=60)
+                          "abc1234", "--tests-commit", "def5678", *chunks], capture_output=True, text=True, timeout=60)
     written = (tmp_path / "pytest-gpu-summary.txt").read_text()
     assert out.stdout == written
     return out.returncode, written.splitlines()
@@ -39,7 +39,7 @@ def _summarise(tmp_path: Path, names: list[str], missing: int = 0) -> tuple[int,
 def test_all_finished_chunks_pass(tmp_path):
     code, lines = _summarise(tmp_path, ["finished", "finished"])
     assert code == 0
-    assert lines[0] == "# bash scripts/gpu/run_gpu_tests.sh 2 at abc1234"
+    assert lines[0] == "# bash scripts/gpu/run_gpu_tests.sh 2 at abc1234, tests of def5678"
     assert lines[1] == "chunk 0: tests/test_0.py -> 5 passed, 1 skipped, 3 deselected in 12.50s"
     assert lines[-1] == "all chunks: 321 s, status 0"
 
@@ -71,3 +71,15 @@ def test_every_gpu_test_file_runs_in_exactly_one_chunk():
         assert len(lines) == chunks and all(line.startswith(f"chunk {i}: ") for i, line in enumerate(lines))
         dealt = [f for line in lines for f in line.split(": ", 1)[1].split()]
         assert sorted(dealt) == sorted(gpu_files), (chunks, set(dealt) ^ gpu_files)
+
+
+def test_summary_says_which_commit_it_does_not_know(tmp_path):
+    """Without --commit / --tests-commit nor their environment variables the first line says which
+    is missing instead of naming a commit."""
+    (tmp_path / "pytest-gpu-0.log").write_text(LOGS["finished"])
+    env = {k: v for k, v in os.environ.items() if k not in ("FSALAB_GIT_COMMIT", "FSALAB_TESTS_COMMIT")}
+    subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--seconds", "1", "--chunk", "tests/test_0.py"],
+                   env=env, capture_output=True, text=True, timeout=60, check=True)
+    first = (tmp_path / "pytest-gpu-summary.txt").read_text().splitlines()[0]
+    assert first == ("# bash scripts/gpu/run_gpu_tests.sh 1 at unknown (FSALAB_GIT_COMMIT unset), "
+                     "tests of unknown (FSALAB_TESTS_COMMIT unset)")

@@ -5,9 +5,12 @@ A chunk's line is pytest's own final count ("36 passed, 2 skipped ... in 330.43s
 still prints its count), or, when the log holds no count (the process was killed), the tests
 its progress dots show: "no summary; N passed, M failed so far". Writes
 ``<out>/pytest-gpu-summary.txt`` and prints it; exits 1 unless every chunk ended with a count
-free of failures and errors.
+free of failures and errors. Its first line names the code under test (``--commit``, default
+``FSALAB_GIT_COMMIT``: the kernels' commit, ``scripts/gpu/code_commit.sh``) and the commit of the
+tests themselves (``--tests-commit``, default ``FSALAB_TESTS_COMMIT``), which move apart while the
+measured code is held at one commit; the device machine has no git, so the caller exports both.
 
-    python3 scripts/gpu/gpu_tests_summary.py --out DIR --seconds S [--commit SHA]
+    python3 scripts/gpu/gpu_tests_summary.py --out DIR --seconds S [--commit SHA] [--tests-commit SHA]
         --chunk 'FILE FILE ...' [--chunk ...]      (chunk i's log: DIR/pytest-gpu-<i>.log)
 """
 
@@ -40,10 +43,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=pathlib.Path)
     ap.add_argument("--seconds", required=True, type=int)
-    ap.add_argument("--commit", default=os.environ.get("FSALAB_GIT_COMMIT", "")[:7] or "unknown")
+    unset = "unknown ({} unset)"
+    ap.add_argument("--commit", default=os.environ.get("FSALAB_GIT_COMMIT", "")[:7] or unset.format("FSALAB_GIT_COMMIT"))
+    ap.add_argument("--tests-commit",
+                    default=os.environ.get("FSALAB_TESTS_COMMIT", "")[:7] or unset.format("FSALAB_TESTS_COMMIT"))
     ap.add_argument("--chunk", action="append", default=[], help="the test files of one chunk, in order")
     args = ap.parse_args(argv)
-    lines = [f"# bash scripts/gpu/run_gpu_tests.sh {len(args.chunk)} at {args.commit}"]
+    lines = [f"# bash scripts/gpu/run_gpu_tests.sh {len(args.chunk)} at {args.commit}, tests of {args.tests_commit}"]
     ok = True
     for i, files in enumerate(args.chunk):
         log = args.out / f"pytest-gpu-{i}.log"

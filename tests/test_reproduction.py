@@ -428,3 +428,32 @@ def test_commit_collected_commits_the_measured_and_keeps_the_unrun_restorable(tm
     out = _run_script(repo, "scripts/restore_unrun.sh")
     assert out.returncode == 0 and "2 point files put back, 0 left out" in out.stdout
     assert git("status", "--porcelain") == ""
+
+
+def _convergence_rows(twin_offset, span1_final):
+    """Convergence rows: span 32 with FSA, NSA 0.02 above it at every step and a second NSA run
+    (window branch reference) ``twin_offset`` above NSA; span 1 with FSA and NSA ending at
+    ``span1_final`` (chance 2.0)."""
+    def run(impl, losses, span, window="auto"):
+        return {"impl": impl, "window_impl": window, "gate_impl": "auto", "needle_span": span, "steps": 3,
+                "status": "ok", "final_accuracy_far": 0.5, "final_loss": losses[-1], "chance_loss": 2.0,
+                "git_commit": "abcdef0123", "curve": {"step": [0, 1, 2], "loss": losses}}
+
+    return pd.DataFrame([run("fsa", [2.0, 1.0, 0.50], 32), run("nsa", [2.02, 1.02, 0.52], 32),
+                         run("nsa", [2.02 + twin_offset, 1.02 + twin_offset, 0.52 + twin_offset], 32, window="reference"),
+                         run("fsa", [2.0, 2.0, span1_final], 1), run("nsa", [2.01, 2.01, span1_final + 0.01], 1)])
+
+
+def test_readme_convergence_block_follows_the_gaps():
+    """README's Figure 11 sentence is written from the rows: 'as close as' only where the FSA-NSA
+    median gap is at most the NSA-NSA one, 'neither learns' only where both end near the chance loss."""
+    def sentence(rows):
+        return " ".join(" ".join(document._convergence_block(lambda experiment: rows)).split())
+
+    close = sentence(_convergence_rows(0.04, 1.99))
+    assert "as close as two NSA runs" in close and "median gap 0.02 against 0.04" in close
+    assert "At needle span 1 neither learns the task in 3 steps (final loss ≥ 100% of the chance loss" in close
+    assert "(rows of commit abcdef0)" in close
+    apart = sentence(_convergence_rows(0.01, 0.5))
+    assert "further apart than two NSA runs" in apart and "neither learns" not in apart
+    assert "At needle span 1 (3 steps) the median gap is 0.01, with no second NSA run." in apart

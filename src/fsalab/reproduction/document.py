@@ -402,6 +402,40 @@ def _end_to_end_block(t: Tables) -> list[str]:
     return [textwrap.fill(text, 100)]
 
 
+def _convergence_block(t: Tables) -> list[str]:
+    """Figure 11's stand-in in words: per needle task with a noise floor, the FSA-NSA median loss
+    gap against the NSA-NSA one; the tasks without a floor, and whether FSA and NSA learned them
+    at all (final loss against the chance loss)."""
+    conv = results.ok(t("convergence"))
+    gaps = m.convergence_gaps(conv)
+    if gaps.empty:
+        return ["(no convergence results)"]
+    floored = gaps.dropna(subset=["fsa_nsa_median_gap", "nsa_nsa_median_gap"])
+    text = "Figure 11's claim on a synthetic stand-in task (`paper_figures/e2e/convergence_gaps.md`): "
+    if len(floored):
+        close = (floored["fsa_nsa_median_gap"] <= floored["nsa_nsa_median_gap"]).all()
+        text += ("FSA's and NSA's loss curves are as close as two NSA runs (differing only in rounding) are to each "
+                 "other" if close else "FSA's and NSA's loss curves are further apart than two NSA runs (differing "
+                 "only in rounding) are") + " where that noise floor was measured ("
+        text += "; ".join(f"needle span {r.needle_span}, {r.steps} steps: median gap {r.fsa_nsa_median_gap:.2g} "
+                          f"against {r.nsa_nsa_median_gap:.2g}" for r in floored.itertuples()) + ")."
+    for span, task in gaps[~gaps.index.isin(floored.index)].groupby("needle_span"):
+        runs = conv[(conv.get("needle_span", pd.Series(1, index=conv.index)).fillna(1) == span)
+                    & conv["impl"].isin(["fsa", "nsa"])]
+        runs = runs[[m.run_label(r) in ("fsa", "nsa") for _, r in runs.iterrows()]]
+        learned = (runs["final_loss"] / runs["chance_loss"]).min() if len(runs) else math.nan
+        steps = "/".join(str(s) for s in sorted(task["steps"]))
+        lo, hi = task["fsa_nsa_median_gap"].min(), task["fsa_nsa_median_gap"].max()
+        median_gap = f"{lo:.2g}" if f"{lo:.2g}" == f"{hi:.2g}" else f"{lo:.2g}–{hi:.2g}"
+        if learned >= 0.95:
+            text += (f" At needle span {span} neither learns the task in {steps} steps (final loss ≥ {learned:.0%} of "
+                     f"the chance loss; median gap {median_gap}, no second NSA run), so that task does not tell "
+                     "them apart.")
+        else:
+            text += f" At needle span {span} ({steps} steps) the median gap is {median_gap}, with no second NSA run."
+    return [textwrap.fill(f"{text} ({_rows_of(m.commits_of(conv))})", 100)]
+
+
 def _verdicts_block(platform: str, results_dir) -> list[str]:
     verdicts = [r.verdict.split(" (")[0] for r in claims(platform, results_dir)]
     counts = ", ".join(f"{v}: {verdicts.count(v)}" for v in VERDICTS if verdicts.count(v))
@@ -415,6 +449,7 @@ def readme_blocks(platform: str, results_dir=None) -> dict[str, str]:
     blocks = {"kernel-table": _kernel_block(t), "kernel-findings": _kernel_findings_block(t),
               "versus-table": _versus_block(t), "versus-findings": _versus_findings_block(t),
               "decode-table": _decode_block(t), "end-to-end": _end_to_end_block(t),
+              "convergence": _convergence_block(t),
               "verdicts": _verdicts_block(platform, results_dir)}
     return {name: "\n".join(lines).rstrip("\n") + "\n" for name, lines in blocks.items()}
 

@@ -19,7 +19,9 @@ from fsalab.ops.compression import compress_kv, select_blocks
 from fsalab.testing import assert_close, check_selection, cu_seqlens_of
 from fsalab.varlen import compressed_cu_seqlens
 
-pytestmark = pytest.mark.gpu
+# Fresh allocations poisoned (NaN, integer minimum): back-to-back cases of one shape would
+# otherwise be handed the previous case's correct, freed output by the caching allocator.
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_every_allocation")]
 
 H_KV, D = 4, 128
 VARLEN_8K = [5000, 31, 1, 2900, 260]  # a one-token sequence and one shorter than kernel_size

@@ -22,7 +22,9 @@ from fsalab.ops.selection import resolve
 from fsalab.ops.selection.fsa import selected_attention_fsa_paper
 from fsalab.testing import assert_close, check_selected_attention, make_batch, selected_blocks
 
-pytestmark = pytest.mark.gpu
+# Fresh allocations poisoned (NaN, integer minimum): back-to-back cases of one shape would
+# otherwise be handed the previous case's correct, freed output by the caching allocator.
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_every_allocation")]
 
 # The paper's ablation switches of fsa_paper (FSA Fig. 9): name -> (inner_loop, early_return).
 SWITCHES = {"fsa_paper_no_inner_loop": (False, True), "fsa_paper_no_early_return": (True, False),

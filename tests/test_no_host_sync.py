@@ -6,6 +6,7 @@ import torch
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
 from fsalab.testing import cu_seqlens_of
+from host_reads import HostReads
 
 
 @pytest.mark.gpu
@@ -31,28 +32,13 @@ def test_module_forward_backward_without_host_sync(selection, monkeypatch, tmp_p
     assert torch.isfinite(out).all()
 
 
-# Ops that read a device value back to the host (item(), bool(), nonzero, ...). On CPU they
-# cost nothing, but the same call on CUDA would block the host until the GPU catches up.
-_SYNCING_OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
-                "aten._unique2.default", "aten.unique_consecutive.default"}
-
-
 @pytest.mark.slow(25)
 @pytest.mark.parametrize("selection", ["nsa", "fsa", "fsa_paper"])
 def test_module_path_reads_no_device_values(selection, monkeypatch):
     """CPU stand-in for the GPU test above: with value checks off (on CUDA they are asynchronous
-    device asserts) the module's forward and backward call no op that reads values to the host."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
+    device asserts) the module's forward and backward read no tensor value to the host (no aten op
+    such as item() or nonzero, no tolist/numpy/cpu from fsalab's code)."""
     monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
-    seen = []
-
-    class Recorder(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if str(func) in _SYNCING_OPS:
-                seen.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     torch.manual_seed(0)
     cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=4, window_size=32)
     module = NativeSparseAttention(64, 4, 2, config=cfg, selection_impl=selection, compression_impl="triton",
@@ -60,12 +46,32 @@ def test_module_path_reads_no_device_values(selection, monkeypatch):
     # 5 blocks (> topk) and twice the window in the longest sequence: every branch of the module's
     # path runs, in few interpreter programs (nsa's kernels run one per token).
     x = torch.randn(103, 64, dtype=torch.float16, requires_grad=True)
-    with Recorder():
+    with HostReads() as reads:
         module(x, cu_seqlens_of([70, 30, 3], "cpu")).float().sum().backward()
-    assert not seen, f"host-reading ops on the module path: {sorted(set(seen))}"
+    assert not reads.seen, f"host reads on the module path: {sorted(set(reads.seen))}"
 
 
 def test_module_buffers_live_on_the_requested_device():
     """A buffer left on the CPU would be copied to the GPU (synchronously) on every call."""
     module = NativeSparseAttention(64, 4, 2, device="meta", dtype=torch.float16)
     assert {t.device.type for t in (*module.parameters(), *module.buffers())} == {"meta"}
+
+
+def test_host_reads_sees_copies_from_fsalab_code_only():
+    """The recorder flags a value copy made by fsalab's code (tolist, numpy, cpu, item, which on a
+    CPU tensor dispatch no aten op) and host-reading aten ops from anywhere, but not the copies
+    the Triton interpreter or a test makes."""
+    fsalab_code = {"__name__": "fsalab.ops.example"}
+    exec("def read(t):\n    return t.tolist(), t.numpy(), t.cpu(), t[0].item()", fsalab_code)
+    t = torch.arange(3.0)
+    with HostReads() as reads:
+        fsalab_code["read"](t)
+        t.tolist(), t.numpy()  # this test's own copies
+    assert [s.split(" in ")[0] for s in reads.seen if s.startswith("Tensor.")] == \
+        ["Tensor.tolist", "Tensor.numpy", "Tensor.cpu", "Tensor.item"]
+    assert all(s.endswith("fsalab.ops.example:2") for s in reads.seen if s.startswith("Tensor."))
+    assert "aten._local_scalar_dense.default" in reads.seen  # item() reads through an aten op too
+    with HostReads() as reads:
+        int(t[1]), torch.nonzero(t)
+    assert reads.seen == ["aten._local_scalar_dense.default", "aten.nonzero.default"]
+    assert "tolist" not in vars(torch.Tensor) and "__array__" in vars(torch.Tensor)  # restored as they were

@@ -27,7 +27,6 @@ POINTS = {
     "buffers": r"^selected-fsa-fwd-N32768-.*-B64-T16-",
     "longctx": r"-fwd-N131072-b1-hkv16-g4-d128-B64-T16-",
 }
-OPTIONAL = ("flash_attn", "fla_nsa")  # impls of optional packages: unsupported when absent
 
 
 @pytest.mark.parametrize("name", sorted(POINTS))
@@ -38,8 +37,6 @@ def test_kernel_runner_points(name, device):
     assert points, f"no point of {name} matches {POINTS[name]}"
     for p in points:
         row = kernel.run_point(p, exp, device, platform="gpu-test")
-        if row["status"] == "unsupported" and p["impl"] in OPTIONAL:
-            continue
         assert row["status"] == "ok", (p["id"], row["message"])
         assert row["check"]["status"] == "pass" and row["median_ms"] > 0, (p["id"], row["check"])
 

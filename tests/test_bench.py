@@ -110,6 +110,66 @@ def test_unknown_impl_gives_unsupported_row():
     grid.validate(json.loads(json.dumps(row)), _result_schema(), "row")
 
 
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient flowing back through it comes out 1% too large."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1.01
+
+
+@pytest.mark.parametrize("perturb, direction, failing", [
+    ("output", "fwd", {"o"}),
+    ("output", "bwd", {"o", "dq", "dk", "dv"}),  # o x 1.01 scales every gradient by 1.01 too
+    ("grad", "bwd", {"dv"}),
+    ("grad", "fwd", set()),  # the forward check never looks at gradients
+])
+def test_correctness_check_fails_a_wrong_impl(monkeypatch, perturb, direction, failing):
+    """An impl whose output is off by 1%, or whose dv is off by 1% with an exact output, gets an
+    ``error`` row: the check recorded as failed, naming exactly the outputs that are wrong, and
+    the row's message saying the correctness check failed. The same wrapper with nothing wrong
+    where the direction looks passes (the failure comes from the perturbation alone)."""
+    from dataclasses import replace
+
+    from fsalab.bench import ops
+
+    real_bind = ops.bind
+
+    def bind(op, impl, options=None):
+        bound = real_bind(op, "reference" if impl == "perturbed" else impl, options)
+        if impl != "perturbed":
+            return bound
+
+        def fn(x):
+            if perturb == "output":
+                o, aux = bound.fn(x)
+                return o * 1.01, aux
+            return bound.fn(replace(x, tensors={**x.tensors, "v": _ScaleGrad.apply(x.tensors["v"])}))
+
+        return ops.BoundOp(op, impl, fn, bound.reference, bound.need_indices, bound.sources)
+
+    monkeypatch.setattr(ops, "bind", bind)
+    exp = _tiny_exp(direction=direction)
+    point = {**grid.expand(exp)[0], "impl": "perturbed"}
+    row = kernel.run_point(point, exp, torch.device("cpu"), platform="unit-cpu")
+    check = row["check"]
+    expected_outputs = {"o"} if direction == "fwd" else {"o", "dq", "dk", "dv"}
+    assert set(check["outputs"]) == expected_outputs and check["tokens"] == 48
+    if not failing:
+        assert row["status"] == "ok" and check["status"] == "pass", row["message"]
+        return
+    assert row["status"] == "error" and check["status"] == "fail"
+    assert row["message"].startswith("correctness check failed: ")
+    assert set(re.findall(r"(\w+): max error \S+ exceeds bound", check["message"])) == failing
+    assert check["message"] in row["message"]
+    assert all(check["outputs"][name]["max_err"] > 1e-3 for name in failing)
+    grid.validate(json.loads(json.dumps(row)), _result_schema(), "row")
+
+
 def test_cli_and_aggregate(tmp_path, capsys):
     point_file = tmp_path / "point.yaml"
     point_file.write_text(json.dumps({**TINY, "op": "window", "direction": "fwd"}))
@@ -406,3 +466,36 @@ def test_closed_form_flops_match_the_runners_key_counts(kernel_size, kernel_stri
     cmp_only = {"compressed": keys["compressed"]}
     assert flops.useful_flops("compressed", cmp_only, d, cfg, h_kv, rows_cmp) == pytest.approx(
         sum(sum(flops.compression_branch_parts(n, h, h_kv, d, cfg).values()) for n in lengths))
+
+
+def test_compression_flops_by_hand():
+    """The compression branch's useful FLOPs for one tiny sequence, counted by hand (2 per
+    multiply-add), through the closed form and through the runner's key count on packed inputs.
+
+    n = 64 tokens, h = 2 query heads, h_kv = 1, d = 16, l = 32, s = 16:
+    - compressed tokens: windows start at 0, 16, 32 (a window at 48 would end past token 63): 3.
+    - visible (query, compressed key) pairs: token j covers [16j, 16j + 31], seen by positions
+      16j + 31 ... 63, i.e. 33, 17, 1 positions: 51 per head, 102 over both heads.
+    - maps: K and V each map l·d = 512 inputs to d = 16 outputs per compressed token and KV head:
+      2 maps x 512 x 16 multiply-adds x 2 = 32768 FLOPs, x 3 tokens = 98304.
+    - attention: QKᵀ and PV, d multiply-adds each per pair: 4 x 16 x 102 = 6528.
+    - scoring: QKᵀ again for the block scores: 2 x 16 x 102 = 3264.
+    - forward total: 98304 + 6528 + 3264 = 108096."""
+    from fsalab.bench import flops
+    from fsalab.bench.inputs import Inputs, attended_keys
+    from fsalab.config import NSAConfig
+    from fsalab.testing import cu_seqlens_of
+
+    cfg = NSAConfig(kernel_size=32, kernel_stride=16, block_size=32, topk=4, window_size=64)
+    n, h, h_kv, d = 64, 2, 1, 16
+    assert cfg.num_compressed(n) == 3 and cfg.visible_compressed_keys(n) == 33 + 17 + 1
+    parts = flops.compression_branch_parts(n, h, h_kv, d, cfg)
+    assert parts == {"maps": 98304.0, "attention": 6528.0, "scoring": 3264.0}
+    assert flops.compression_branch_parts(n, h, h_kv, d, cfg, batch=2) == {k: 2 * v for k, v in parts.items()}
+    x = Inputs({"q": torch.zeros(n, h, d), "k": torch.zeros(n, h_kv, d)},
+               torch.full((n, h_kv, cfg.topk), -1, dtype=torch.int32), cu_seqlens_of([n]), cfg, n)
+    keys = attended_keys(x)
+    assert keys["compressed"] == 102
+    assert flops.useful_flops("compressed", keys, d, cfg, h_kv, cfg.num_compressed(n)) == 108096
+    # Causal full attention over the same sequence: 64 x 65 / 2 = 2080 keys per head, 4 x 16 x 2 x 2080.
+    assert flops.useful_flops("full_attention", keys, d, cfg, h_kv, 0) == flops.causal_attention_flops(n, h, d) == 266240

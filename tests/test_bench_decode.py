@@ -148,11 +148,14 @@ def test_generate_full_depth_columns():
     assert all(p["layers"] in (0, 4) for p in points) and all(p["layers"] == 0 for p in points if p["batch"] == 1)
 
 
-def test_depth_pairs_script_recomputes_the_stored_estimates(capsys):
+def test_depth_pairs_script_recomputes_the_stored_estimates(capsys, monkeypatch):
     """scripts/generate_depth_pairs.py rebuilds a row's full-depth columns from the samples the
-    row keeps: on the committed H200 rows, equal to those the runner wrote (the pairs' range too,
-    where the row has it), and its tables print."""
+    row keeps, with the runner's ``_full_depth``: every column comes out of that function itself
+    (not the stored row the script merges it into), equal to those the runner wrote on the
+    committed H200 rows (the pairs' range too, where the row has it); one row's estimate equals
+    the slope extended by hand; its tables print."""
     import importlib.util
+    import statistics
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "scripts/generate_depth_pairs.py"
@@ -162,13 +165,40 @@ def test_depth_pairs_script_recomputes_the_stored_estimates(capsys):
     rows = [r for r in results.load_rows("h200", "generate", path.parents[1] / "results")
             if r["status"] == "ok" and str(r.get("full_depth_kind", "")).startswith("estimate")]
     assert rows
+    real, produced = decode._full_depth, []
+
+    def full_depth(*args):  # the function's own return value, before the script merges it into the row
+        produced.append(real(*args))
+        return produced[-1]
+
+    monkeypatch.setattr(decode, "_full_depth", full_depth)
+    stored_in_every_row = ("full_depth_ms", "full_depth_prefill_ms", "full_depth_tokens_per_s", "full_depth_step_ms",
+                           "full_depth_floor_gib", "full_depth_layers", "half_layers", "half_median_ms", "half_prefill_ms")
+    # rows measured before the runner recorded the range (and the peak) get these from the script
+    stored_where_recorded = ("full_depth_ms_low", "full_depth_ms_high", "full_depth_tokens_per_s_low",
+                             "full_depth_tokens_per_s_high", "full_depth_peak_gib")
     for row in rows:
+        produced.clear()
         again = script.full_depth(row)
-        for key in ("full_depth_ms", "full_depth_prefill_ms", "full_depth_tokens_per_s", "full_depth_step_ms",
-                    "full_depth_ms_low", "full_depth_ms_high", "full_depth_peak_gib"):
-            if key in row:
-                assert again[key] == pytest.approx(row[key], rel=1e-12), key
-        assert "full_depth_ms_low" in again and "full_depth_peak_gib" in again  # every committed row has a peak
+        assert len(produced) == 1
+        own = produced[0]
+        assert own["full_depth_kind"].startswith("estimate")
+        for key in stored_in_every_row + stored_where_recorded:
+            assert key in own, key
+            assert again[key] == own[key], key
+            if key in stored_in_every_row or key in row:
+                assert own[key] == pytest.approx(row[key], rel=1e-12), key
+    # By hand, on one slice row (a 4-layer slice and its 2-layer half of Qwen2.5-32B at 8 x 32K):
+    # extended to the model's 64 layers as whole + (64 - 4) * (whole - half) / (4 - 2), on the
+    # medians of the stored samples.
+    row = next(r for r in rows if "-b8-qwen2.5-32b-L4-" in r["point"])
+    assert (row["half_layers"], row["layers"], row["full_depth_layers"]) == (2, 4, 64)
+    whole, half = statistics.median(row["samples_ms"]), statistics.median(row["half_samples_ms"])
+    produced.clear()
+    script.full_depth(row)
+    assert produced[0]["full_depth_ms"] == pytest.approx(whole + 60 * (whole - half) / 2, rel=1e-12)
+    prefill, half_prefill = statistics.median(row["prefill_samples_ms"]), statistics.median(row["half_prefill_samples_ms"])
+    assert produced[0]["full_depth_prefill_ms"] == pytest.approx(prefill + 30 * (prefill - half_prefill), rel=1e-12)
     for flags in ([], ["--peaks"]):
         assert script.main(["--results-dir", str(path.parents[1] / "results"), *flags]) == 0
     table = capsys.readouterr().out

@@ -25,8 +25,34 @@ LIMITS = {
 }
 
 
+# (impl, direction) -> the kernels that do the work, each launched at least once: a call that
+# launched nothing, or skipped a pass, fails however few launches it made.
+REQUIRED = {
+    ("fsa", "fwd"): {"_entry_keys_kernel", "_csr_kernel", "_partial_kernel", "_merge_kernel"},
+    ("fsa", "bwd"): {"_delta_kernel", "_dkdv_kernel", "_dkdv_merge_kernel", "_merge_kernel"},
+    ("fsa_paper", "fwd"): {"_entry_keys_kernel", "_csr_kernel", "_partial_kernel", "_merge_kernel"},
+    ("fsa_paper", "bwd"): {"_delta_kernel", "_partial_kernel", "_merge_kernel", "_dkdv_kernel", "_dkdv_merge_kernel"},
+    ("nsa", "fwd"): {"_token_start_kernel", "_fwd_kernel"},
+    ("nsa", "bwd"): {"_bwd_dq_kernel", "_csr_kernel", "_bwd_dkdv_kernel"},
+}
+
+
+def triton_kernels(counter: LaunchCounter) -> set[str]:
+    """Names of the Triton kernels the counter saw launched, without a leading underscore (the
+    block selection's Triton kernel is ``_select_kernel``, its Gluon kernel on Hopper
+    ``select_kernel``: either does the work)."""
+    return {name.removeprefix("triton:").lstrip("_") for name, n in counter.counts.items()
+            if n and name.startswith("triton:")}
+
+
+def launched(required: set[str], counter: LaunchCounter) -> bool:
+    """Whether every kernel of ``required`` (source names) was launched."""
+    return {name.lstrip("_") for name in required} <= triton_kernels(counter)
+
+
 @pytest.mark.parametrize("impl,direction", sorted(LIMITS))
 def test_launches_per_call(impl, direction, monkeypatch, device):
+    """At most LIMITS launches, among them every kernel of REQUIRED."""
     monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")  # checks add ops; the benchmark times without them
     batch = make_batch([40, 1, 23], 4, 2, 16, dtype=torch.float16, device=device, seed=0)
     block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, torch.Generator().manual_seed(0))
@@ -47,6 +73,7 @@ def test_launches_per_call(impl, direction, monkeypatch, device):
         with LaunchCounter() as counter:
             torch.autograd.grad(o, leaves, do, retain_graph=True)
     assert counter.total <= LIMITS[impl, direction], dict(counter.counts)
+    assert launched(REQUIRED[impl, direction], counter), dict(counter.counts)
 
 
 # Whole NSA attention (compression, compressed attention, selection, selected and window
@@ -59,6 +86,14 @@ def test_launches_per_call(impl, direction, monkeypatch, device):
 # gradient is one kernel (its arange/lt/mul/sum/einsum/casts were 8 ops); the 12 left are
 # autograd's gradient sums over the three branches (6 adds) and zero fills (6).
 NSA_ATTENTION_LIMITS = {"fsa": (15, 28), "nsa": (8, 29)}
+# Kernels every whole NSA attention call launches, forward and backward: compression, compressed
+# attention (ops/flash.py's kernels; the window's backend may be flash-attn's instead, on a GPU
+# that has it), block selection and the gated sum, plus the selected attention's own (REQUIRED).
+NSA_ATTENTION_REQUIRED = (
+    {"_compress_fwd_kernel", "_fwd_kernel", "_select_kernel", "_gated_sum_fwd"},
+    {"_compress_dx_kernel", "_compress_dw_kernel", "_compress_dpe_kernel", "_stats_kernel", "_dq_kernel",
+     "_dkdv_kernel", "_gated_sum_bwd"},
+)
 
 
 @pytest.mark.parametrize("impl", ["fsa", "nsa"])
@@ -67,26 +102,33 @@ def test_value_checks_add_no_launches_to_a_repeated_module_call(impl, monkeypatc
     launches what it launches with checks off: unchanged cu_seqlens are not checked again
     (``fsalab.checks``) and the selection's own block indices are not re-checked. (Before, the
     checks added 35 launches per call at fsa: five ops checking the offsets, one the indices;
-    ``scripts/count_launches.py --op module``.)"""
+    ``scripts/count_launches.py --op module``.) Both counts are of the same launches, kernel by
+    kernel, and include the selected attention's own kernels (a forward that launched nothing
+    would otherwise match itself)."""
     fwd = nsa_module_forward(impl, device)
-    totals = {}
+    counts = {}
     for checks in ("0", "1"):
         monkeypatch.setenv("FSALAB_VALUE_CHECKS", checks)
         fwd()  # outside the count: one-time work, and the offsets' first check
         with LaunchCounter() as counter:
             fwd()
-        totals[checks] = counter.total
-    assert totals["1"] == totals["0"], totals
+        counts[checks] = counter.counts
+        assert launched(REQUIRED[impl, "fwd"], counter), dict(counter.counts)
+    assert counts["1"] == counts["0"], {checks: dict(c) for checks, c in counts.items()}
 
 
 @pytest.mark.parametrize("impl", sorted(NSA_ATTENTION_LIMITS))
 def test_launches_per_nsa_attention_call(impl, monkeypatch, device):
+    """At most NSA_ATTENTION_LIMITS launches per direction, among them every branch's kernels."""
     monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
-    for fn, limit in zip(nsa_attention_calls(impl, 128, 1, 1, 16, 32, 4, device=device), NSA_ATTENTION_LIMITS[impl]):
+    calls = nsa_attention_calls(impl, 128, 1, 1, 16, 32, 4, device=device)
+    limits, required_kernels = NSA_ATTENTION_LIMITS[impl], NSA_ATTENTION_REQUIRED
+    for fn, limit, required, direction in zip(calls, limits, required_kernels, ("fwd", "bwd")):
         fn()  # outside the count: one-time work (compilation, caches)
         with LaunchCounter() as counter:
             fn()
         assert counter.total <= limit, dict(counter.counts)
+        assert launched(required | REQUIRED[impl, direction], counter), dict(counter.counts)
 
 
 # A decode step of NSA attention (``attend_decode``: RoPE, append, compression, gate projection,
@@ -97,6 +139,10 @@ DECODE_STEP_LIMIT = 8
 # One decoder layer's attention in a patched model's decode forward: the above plus HF's q, k, v
 # and o projections (85 before the bookkeeping became two kernels).
 DECODE_LAYER_LIMIT = DECODE_STEP_LIMIT + 4
+# The decode step's Triton kernels: append (RoPE'd k, v into the cache), the compression step,
+# compressed attention partials, block scores, top-T, window (sliding) partials, the combine.
+DECODE_KERNELS = {"_append_kernel", "_compress_step_kernel", "_cmp_partial_kernel", "_score_kernel", "_topk_kernel",
+                  "_sw_partial_kernel", "_combine_kernel"}  # fmt: skip
 
 
 def _decode_ready_module(device):
@@ -124,6 +170,7 @@ def test_launches_per_decode_step(monkeypatch, device):
         module.attend_decode(q, k, v, x, cache)
     assert counter.total <= DECODE_STEP_LIMIT, dict(counter.counts)
     assert sum(n for name, n in counter.counts.items() if name.startswith("aten:")) == 1, dict(counter.counts)
+    assert launched(DECODE_KERNELS, counter), dict(counter.counts)
 
 
 @torch.no_grad()
@@ -164,3 +211,6 @@ def test_launches_per_patched_model_decode_layer(monkeypatch, device):
     assert len(counters) == 2
     for counter in counters:
         assert counter.total <= DECODE_LAYER_LIMIT, dict(counter.counts)
+        # the decode step's kernels, and HF's q, k, v, o projections plus the gate projection
+        assert launched(DECODE_KERNELS, counter), dict(counter.counts)
+        assert counter.counts["aten:mm"] >= 5, dict(counter.counts)

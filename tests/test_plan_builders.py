@@ -4,7 +4,10 @@ Until the launch-count work, the selection index, the block table, the FSA work 
 segment plan were chains of small torch ops (sort + searchsorted + elementwise). Those chains
 are kept here, verbatim in substance, as the reference: the fused kernels must reproduce every
 output bit for bit (tails past row_ptr[-1] included), on random varlen batches with -1 padding,
-empty and one-token sequences, many short sequences, h_kv up to 8 and topk up to 20.
+empty and one-token sequences, many short sequences, h_kv up to 8 and topk up to 20. Every
+allocation is poisoned (``poison_every_allocation``: integer buffers hold the dtype's minimum,
+``new_empty`` ones included), so an element a kernel never writes differs from the reference even
+where that reference is 0.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from fsalab.ops.selection.index import (
 )
 from fsalab.testing import cu_seqlens_of, random_block_idx
 from fsalab.varlen import sequence_ids
+
+pytestmark = pytest.mark.usefixtures("poison_every_allocation")
 
 # ---------------------------------------------------------------------------------------------
 # The torch formulation (reference)

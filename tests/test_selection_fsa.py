@@ -19,7 +19,9 @@ import pytest
 import torch
 from fsalab.config import NSAConfig
 from fsalab.ops.selection import fsa, fsa_plan, selected_attention
+from fsalab.ops.selection.fsa_partials import DQ
 from fsalab.testing import (
+    LaunchCounter,
     attention_and_grads,
     check_selected_attention,
     make_batch,
@@ -210,13 +212,40 @@ def test_fsa_dkdv_alone_two_key_tiles(impl, g, monkeypatch, seed, gen, device):
     """The H200 failure case, small: fp16, g = 8, d = 128, 128-key blocks (two key sub-tiles) from
     real selection, split rows, dK/dV computed apart from dq (always in fsa_paper; in fsa once a
     group's dq partials exceed the budget). There, fsa_paper's dK was wrong while its dV was right.
-    g = 3: the same path walking two head parts (2 + 1) per key sub-tile program."""
+    g = 3: the same path walking two head parts (2 + 1) per key sub-tile program. The launches
+    are recorded and the forced path checked: every dK/dV launch unfused with one program per key
+    sub-tile (two), a split-row work list with partial slots in use, dq from its own DQ-mode
+    partials, and the head parts the group's size gives."""
     cfg = NSAConfig(kernel_size=32, kernel_stride=16, block_size=128, topk=8, init_blocks=1, local_blocks=2)
     batch = make_batch([300], g, 1, 128, dtype=torch.float16, device=device, seed=seed)
     monkeypatch.setattr(fsa_plan, "MIN_SPLIT_TILES", 1)
     if impl == "fsa":
         monkeypatch.setattr(fsa_plan, "BUFFER_BUDGET_BYTES", 1)
-    check_selected_attention(impl_fn(impl), batch, selected_blocks(batch, cfg, gen), cfg.block_size)
+    split_lists, work_list = [], fsa_plan.work_list
+
+    def recorded_work(*args, **kwargs):
+        work = work_list(*args, **kwargs)
+        if work.slots is not None:
+            split_lists.append(work)
+        return work
+
+    monkeypatch.setattr(fsa_plan, "work_list", recorded_work)
+    dkdv, modes = [], []  # (key sub-tile programs, FUSED_DQ, NUM_KT, (G_HI, G_LO)) per _dkdv_kernel launch
+
+    def record(kernel, args, kwargs):
+        constant = lambda name: getattr(kwargs[name], "value", kwargs[name])  # noqa: E731
+        if kernel.__name__ == "_dkdv_kernel":
+            parts = (constant("G_HI"), constant("G_LO"))
+            dkdv.append((kwargs["grid"][1], constant("FUSED_DQ"), constant("NUM_KT"), parts))
+        elif kernel.__name__ == "_partial_kernel":
+            modes.append(constant("MODE"))
+
+    with LaunchCounter(on_triton_launch=record):
+        check_selected_attention(impl_fn(impl), batch, selected_blocks(batch, cfg, gen), cfg.block_size)
+    # dK/dV alone (no fused dq), one program per key sub-tile of two; g = 3 walks parts 2 + 1
+    assert dkdv and set(dkdv) == {(2, False, 2, {8: (8, 0), 3: (2, 1)}[g])}, dkdv
+    assert split_lists and any(int(w.slots[-1]) > 0 for w in split_lists)  # a row split over programs
+    assert DQ.value in modes, modes  # dq from partials of its own, apart from dK/dV
 
 
 @pytest.mark.gpu

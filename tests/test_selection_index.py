@@ -1,7 +1,9 @@
 """build_selection_index against a plain Python transpose of block_idx.
 
 block_idx comes from ``fsalab.testing``: the real NSA selection path (``selected_blocks``) and
-random valid selections (``random_block_idx``).
+random valid selections (``random_block_idx``). Every allocation is poisoned
+(``poison_every_allocation``: integer buffers hold the dtype's minimum, floating ones NaN), so an
+index element the kernels never write fails the comparison even where its expected value is 0.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import torch
 from fsalab.config import NSAConfig
 from fsalab.ops.selection.index import build_selection_index
 from fsalab.testing import cu_seqlens_of, make_batch, random_block_idx, random_lengths, selected_blocks
+
+pytestmark = pytest.mark.usefixtures("poison_every_allocation")
 
 
 def reference_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, block_size: int):

@@ -165,6 +165,20 @@ def test_head_chunks_budget(n, g, fwd, chunks):
     assert all((c.j0, c.heads) == (0, g) for c in plan)
 
 
+def record_split_work_lists(monkeypatch) -> list:
+    """The work lists fsa_plan.work_list builds with split rows (``slots`` set), appended as built."""
+    split_lists, work_list = [], fsa_plan.work_list
+
+    def recorded(*args, **kwargs):
+        work = work_list(*args, **kwargs)
+        if work.slots is not None:
+            split_lists.append(work)
+        return work
+
+    monkeypatch.setattr(fsa_plan, "work_list", recorded)
+    return split_lists
+
+
 @pytest.mark.parametrize("impl", ["fsa", "fsa_paper"])
 def test_fsa_head_chunks_and_split_rows(impl, monkeypatch, seed, gen, device):
     """Partial buffers over budget: heads run in chunks (whole groups, then parts of a group,
@@ -186,16 +200,8 @@ def test_fsa_head_chunks_and_split_rows(impl, monkeypatch, seed, gen, device):
         plans.append(head_chunks(*args, **kwargs))
         return plans[-1]
 
-    split_lists, work_list = [], fsa_plan.work_list
-
-    def recorded_work(*args, **kwargs):
-        work = work_list(*args, **kwargs)
-        if work.slots is not None:
-            split_lists.append(work)
-        return work
-
     monkeypatch.setattr(fsa_plan, "head_chunks", recorded_chunks)
-    monkeypatch.setattr(fsa_plan, "work_list", recorded_work)
+    split_lists = record_split_work_lists(monkeypatch)
     for budget in budgets:  # the budget is per query head of a group
         monkeypatch.setattr(fsa_plan, "BUFFER_BUDGET_BYTES", budget // 5)
         check_selected_attention(impl_fn(impl), batch, block_idx, 16)
@@ -221,15 +227,7 @@ def test_fsa_dkdv_alone_two_key_tiles(impl, g, monkeypatch, seed, gen, device):
     monkeypatch.setattr(fsa_plan, "MIN_SPLIT_TILES", 1)
     if impl == "fsa":
         monkeypatch.setattr(fsa_plan, "BUFFER_BUDGET_BYTES", 1)
-    split_lists, work_list = [], fsa_plan.work_list
-
-    def recorded_work(*args, **kwargs):
-        work = work_list(*args, **kwargs)
-        if work.slots is not None:
-            split_lists.append(work)
-        return work
-
-    monkeypatch.setattr(fsa_plan, "work_list", recorded_work)
+    split_lists = record_split_work_lists(monkeypatch)
     dkdv, modes = [], []  # (key sub-tile programs, FUSED_DQ, NUM_KT, (G_HI, G_LO)) per _dkdv_kernel launch
 
     def record(kernel, args, kwargs):

@@ -1,10 +1,12 @@
 """The benchmark runners on the GPU: a few small points of every kernel-level experiment through
 ``fsalab.bench.kernel`` (inputs from the compression kernels, the correctness check, timing,
-peak memory), and the DRAM runner's verdict where Nsight Compute is missing.
+peak memory), the decode runner's smoke points (decode steps, inference, generate), and the
+DRAM runner's verdict where Nsight Compute is missing.
 
-Each point's row must be ``ok`` with a passing check (``unsupported`` only for impls that need
-an optional package, e.g. flash-attn). Timing is cut to three CUDA-event samples: these tests
-check the runners, the experiment grids measure.
+Each point's row must be ``ok`` with a passing check (``unsupported`` only for the decode
+libraries that are optional packages, flash-attn and FlashInfer, where they are absent). Timing
+is cut to three CUDA-event samples for the kernel runners: these tests check the runners, the
+experiment grids measure.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import re
 
 import pytest
 
-from fsalab.bench import dram, grid, kernel
+from fsalab import results
+from fsalab.bench import decode, dram, grid, kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -50,3 +53,19 @@ def test_dram_runner_row(device):
         assert row["status"] == "unsupported"
     else:
         assert row["status"] == "ok" and row["dram_bytes"] > 0, row["message"]
+
+
+@pytest.mark.parametrize("name", ["decode", "inference", "generate"])
+def test_decode_runner_smoke_points(name, device, tmp_path):
+    """The decode runner on CUDA tensors (its grids run nowhere else before the device calls): every
+    smoke point of the experiment gives a schema-valid row, ok with a passing check."""
+    exp = grid.load_experiment(name, smoke=True)
+    points = grid.expand(exp)
+    kernel.run_points(points, exp, device, tmp_path, "gpu-test", runner=decode.run_point)
+    rows = results.load_rows("gpu-test", name, tmp_path)  # schema-checked
+    assert len(rows) == len(points)
+    for row in rows:
+        if row["status"] == "unsupported" and row["impl"] in ("flash_attn", "flashinfer"):
+            continue
+        assert row["status"] == "ok", (row["point"], row["message"])
+        assert row["check"]["status"] == "pass" and row["median_ms"] > 0, (row["point"], row["check"])

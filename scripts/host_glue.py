@@ -7,7 +7,10 @@ eager GPU call pays on top of its kernel launches. Two paths of a tiny NativeSpa
 - ``decode``: one decode step (``NativeSparseAttention.decode``, fp32) on a cache filled by a
   300-token prefill;
 - ``forward``: the layer's packed forward over one 64-token sequence (fp32, no_grad) with every
-  branch on its Triton op (compression, window and gate "triton", selection ``--impl``).
+  branch on its Triton op (compression, window and gate "triton", selection ``--impl``);
+- ``op``: the kernel benchmark's whole ``nsa_attention`` op (what the versus experiment times,
+  no projections or RoPE), one 128-token sequence, 1 KV head, g = 1, d = 16, (32, 4), fp16:
+  its forward under no_grad and, with ``--backward``, its backward.
 
 Shapes are tiny so that the torch ops' own arithmetic on the CPU stays small against their
 dispatch.
@@ -19,6 +22,7 @@ machine is noisy) and the top of a cProfile.
 
     PYTHONPATH=src python scripts/host_glue.py decode [--rounds 20]
     PYTHONPATH=src python scripts/host_glue.py forward [--impl fsa] [--rounds 20] [--sort tottime] [--rows 40]
+    PYTHONPATH=src python scripts/host_glue.py op [--impl fsa] [--backward]
 """
 import argparse
 import cProfile
@@ -85,16 +89,26 @@ def forward_call(impl: str):
     return call
 
 
+def op_call(impl: str, backward: bool):
+    from fsalab.testing import nsa_attention_calls
+
+    fwd, bwd = nsa_attention_calls(impl, 128, 1, 1, 16, 32, 4)
+    bwd()  # one real call before the stubs, as the other paths make: caches and plans built
+    return bwd if backward else fwd
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("path", choices=("decode", "forward"))
-    parser.add_argument("--impl", default="fsa", help="selection impl of the forward path")
+    parser.add_argument("path", choices=("decode", "forward", "op"))
+    parser.add_argument("--impl", default="fsa", help="selection impl of the forward and op paths")
+    parser.add_argument("--backward", action="store_true", help="op path: time the backward")
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds of 100 calls (25 calls a round profiled)")
     parser.add_argument("--sort", default="cumulative", help="cProfile sort key (cumulative, tottime, ...)")
     parser.add_argument("--rows", type=int, default=12, help="profile rows printed")
     args = parser.parse_args()
     torch.manual_seed(0)
-    call = decode_call() if args.path == "decode" else forward_call(args.impl)
+    call = {"decode": decode_call, "forward": lambda: forward_call(args.impl),
+            "op": lambda: op_call(args.impl, args.backward)}[args.path]()
     stubbed = stub_launches()
     with value_checks_off():
         for _ in range(20):

@@ -1,5 +1,5 @@
 """scripts/host_glue.py (an NSA layer's host time with every Triton launch stubbed) still runs
-against the module's API on both paths and reports a time and a profile of the call."""
+against the module's and the op's API on every path and reports a time and a profile of the call."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("path,entry", [("decode", "decode"), ("forward", "_forward_packed")])
-def test_host_glue_script_reports_a_call_time(path, entry):
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_glue.py"), path, "--rounds", "1"],
+@pytest.mark.parametrize("path,flags,entry", [("decode", [], "decode"), ("forward", [], "_forward_packed"),
+                                              ("op", [], "selected_attention"), ("op", ["--backward"], "backward")])
+def test_host_glue_script_reports_a_call_time(path, flags, entry):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_glue.py"), path, "--rounds", "1", *flags],
                           capture_output=True, text=True, timeout=600, check=False,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert proc.returncode == 0, proc.stderr[-3000:]

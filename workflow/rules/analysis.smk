@@ -10,6 +10,7 @@ rule notebook_platform_figures:
     input:
         notebook="analysis/{notebook}.ipynb",
         tables=lambda wc: tables(wc.platform, wc.notebook),
+        code=figure_code(),
     output:
         report(
             directory("results/{platform}/figures/{notebook}"),

@@ -172,3 +172,11 @@ def reproduction_code():
     if paper_values.is_file():
         files.append(paper_values)
     return [str(f.relative_to(ROOT)) for f in files]
+
+
+def figure_code():
+    """The code the notebooks draw and tabulate with, where this checkout has it: the metrics
+    (``reproduction``) and ``plotting.py``; a change to either renders the figures again, as a
+    new result does."""
+    plotting = ROOT / "src" / "fsalab" / "plotting.py"
+    return reproduction_code() + ([str(plotting.relative_to(ROOT))] if plotting.is_file() else [])

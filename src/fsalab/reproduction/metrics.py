@@ -228,11 +228,13 @@ def loss_gaps(a: dict, b: dict) -> pd.Series:
 
 def convergence_gaps(df: pd.DataFrame, threshold: float = 0.02) -> pd.DataFrame:
     """Per convergence task (``needle_span``, ``steps``): final far-needle accuracy of FSA, NSA
-    and full attention, the FSA-NSA loss gap (median, max, first step above ``threshold``) and,
+    and full attention, FSA's and NSA's final loss over the task's chance loss (near 1: the run
+    did not learn the task), the FSA-NSA loss gap (median, max, first step above ``threshold``) and,
     where a second NSA run differing only in rounding exists (another compression, window
     or gate branch), the same gap between the two NSA runs: the noise floor the FSA-NSA gap is judged
     against. ``df``: convergence rows with their ``curve``."""
-    cols = ["needle_span", "steps", "acc_far_fsa", "acc_far_nsa", "acc_far_full", "fsa_nsa_median_gap",
+    cols = ["needle_span", "steps", "acc_far_fsa", "acc_far_nsa", "acc_far_full", "loss_over_chance_fsa",
+            "loss_over_chance_nsa", "fsa_nsa_median_gap",
             "fsa_nsa_max_gap", "fsa_nsa_first_step_over", "nsa_nsa_median_gap", "nsa_nsa_max_gap",
             "nsa_nsa_first_step_over"]
     ok = results.ok(df)
@@ -247,6 +249,10 @@ def convergence_gaps(df: pd.DataFrame, threshold: float = 0.02) -> pd.DataFrame:
         full = [lab for lab in runs if lab.startswith("sdpa") or lab == "flash_attn"]
         for key, lab in (("fsa", "fsa"), ("nsa", "nsa"), ("full", full[0] if full else None)):
             row[f"acc_far_{key}"] = runs[lab]["final_accuracy_far"] if lab in runs else math.nan
+        for key in ("fsa", "nsa"):
+            run = runs.get(key)
+            row[f"loss_over_chance_{key}"] = (run.get("final_loss", math.nan) / run.get("chance_loss", math.nan)
+                                              if run is not None else math.nan)
         twins = [lab for lab in runs if lab.startswith("nsa (")]
         for key, pair in (("fsa_nsa", ("fsa", "nsa")), ("nsa_nsa", ("nsa", twins[0] if twins else None))):
             gap = loss_gaps(curve_of(runs[pair[0]]), curve_of(runs[pair[1]])) if set(pair) <= set(runs) else pd.Series(dtype=float)

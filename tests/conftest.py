@@ -72,6 +72,25 @@ def pytest_configure(config):
         config.option.maxschedchunk = 1
 
 
+
+@pytest.fixture
+def decode_smoke_rows(tmp_path):
+    """``rows(name, device)``: every smoke point of the decode-runner experiment ``name`` (decode,
+    inference, generate) run on ``device`` into ``tmp_path``; the rows written, one per point,
+    schema-checked on reading."""
+    from fsalab import results
+    from fsalab.bench import decode, grid, kernel
+
+    def rows(name: str, device: torch.device) -> list[dict]:
+        exp = grid.load_experiment(name, smoke=True)
+        points = grid.expand(exp)
+        kernel.run_points(points, exp, device, tmp_path, "test", runner=decode.run_point)
+        written = results.load_rows("test", name, tmp_path)
+        assert len(written) == len(points)
+        return written
+
+    return rows
+
 def _expected_seconds(item) -> float:
     marker = item.get_closest_marker("slow")
     return 0.0 if marker is None else float(marker.args[0] if marker.args else 1)

@@ -37,14 +37,14 @@ class HostReads(TorchDispatchMode):
 
     def _watch(self, name: str):
         original = vars(torch.Tensor).get(name)  # None: inherited from torch._C.TensorBase
-        copy = getattr(torch.Tensor, name)
+        method = getattr(torch.Tensor, name)
 
         def watched(tensor, *args, **kwargs):
             caller = sys._getframe(1)
             module = caller.f_globals.get("__name__", "")
             if module == "fsalab" or module.startswith("fsalab."):
                 self.seen.append(f"Tensor.{name} in {module}:{caller.f_lineno}")
-            return copy(tensor, *args, **kwargs)
+            return method(tensor, *args, **kwargs)
 
         return original, watched
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fsalab import results
-from fsalab.bench import decode, grid, kernel
+from fsalab.bench import decode, grid
 
 
 def _exp(name):
@@ -34,17 +34,12 @@ def test_config_errors(bad, match):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter")
-def test_smoke_rows(tmp_path):
+def test_smoke_rows(decode_smoke_rows):
     """Every smoke point of the three experiments gives a schema-valid row: ok and checked for the
     NSA step (Triton and reference), SDPA and the ops inference / generate; unsupported for the
     CUDA-only libraries (flash-attn, FlashInfer), installed or not."""
-    cpu = torch.device("cpu")
     for name in ("decode", "inference", "generate"):
-        exp = _exp(name)
-        points = grid.expand(exp)
-        kernel.run_points(points, exp, cpu, tmp_path, "cpu-test", runner=decode.run_point)
-        rows = results.load_rows("cpu-test", name, tmp_path)  # schema-checked
-        assert len(rows) == len(points)
+        rows = decode_smoke_rows(name, torch.device("cpu"))
         for row in rows:
             cuda_only = row["impl"] in ("flash_attn", "flashinfer")
             assert row["status"] == ("unsupported" if cuda_only else "ok"), row["message"]
@@ -196,9 +191,10 @@ def test_depth_pairs_script_recomputes_the_stored_estimates(capsys, monkeypatch)
     whole, half = statistics.median(row["samples_ms"]), statistics.median(row["half_samples_ms"])
     produced.clear()
     script.full_depth(row)
-    assert produced[0]["full_depth_ms"] == pytest.approx(whole + 60 * (whole - half) / 2, rel=1e-12)
+    assert produced[0]["full_depth_ms"] == pytest.approx(whole + (64 - 4) * (whole - half) / (4 - 2), rel=1e-12)
     prefill, half_prefill = statistics.median(row["prefill_samples_ms"]), statistics.median(row["half_prefill_samples_ms"])
-    assert produced[0]["full_depth_prefill_ms"] == pytest.approx(prefill + 30 * (prefill - half_prefill), rel=1e-12)
+    assert produced[0]["full_depth_prefill_ms"] == pytest.approx(prefill + (64 - 4) * (prefill - half_prefill) / (4 - 2),
+                                                                 rel=1e-12)
     for flags in ([], ["--peaks"]):
         assert script.main(["--results-dir", str(path.parents[1] / "results"), *flags]) == 0
     table = capsys.readouterr().out

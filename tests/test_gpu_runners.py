@@ -15,8 +15,7 @@ import re
 
 import pytest
 
-from fsalab import results
-from fsalab.bench import decode, dram, grid, kernel
+from fsalab.bench import dram, grid, kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -56,15 +55,10 @@ def test_dram_runner_row(device):
 
 
 @pytest.mark.parametrize("name", ["decode", "inference", "generate"])
-def test_decode_runner_smoke_points(name, device, tmp_path):
+def test_decode_runner_smoke_points(name, device, decode_smoke_rows):
     """The decode runner on CUDA tensors (its grids run nowhere else before the device calls): every
     smoke point of the experiment gives a schema-valid row, ok with a passing check."""
-    exp = grid.load_experiment(name, smoke=True)
-    points = grid.expand(exp)
-    kernel.run_points(points, exp, device, tmp_path, "gpu-test", runner=decode.run_point)
-    rows = results.load_rows("gpu-test", name, tmp_path)  # schema-checked
-    assert len(rows) == len(points)
-    for row in rows:
+    for row in decode_smoke_rows(name, device):
         if row["status"] == "unsupported" and row["impl"] in ("flash_attn", "flashinfer"):
             continue
         assert row["status"] == "ok", (row["point"], row["message"])

@@ -8,6 +8,7 @@
 # under Nsight Compute (fsalab bench-dram), compile times first calls (fsalab bench-compile), versus times groups side by side (fsalab
 # bench-versus; the filter picks groups), decode, inference and generate run decode steps (fsalab
 # bench-decode), every other experiment is kernel-level timing (fsalab bench-kernel).
+# Of the filter's missing points it runs those expected to fit in the budget (fit_points.py).
 # DEADLINE (epoch seconds), when set, caps the budget so that this grid is packed 20 s before it:
 # a device call running several grids sets it once, and a call killed at its limit loses nothing
 # packed (rows finished after the last pack are lost with it).
@@ -36,6 +37,29 @@ export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/.cache/triton}"
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" results
 python3 -m fsalab.cli env | head -20
-timeout --signal=INT "$budget" python3 -m fsalab.cli "$runner" --experiment "$exp" --all --skip-existing \
-  --filter="$filter" --results-dir results "$@" 2>&1 | tee -a "$OUT/grid-$exp.log" | grep -v ": exists, skipped" | tail -n 400 | cut -c1-160
+end=$(( $(date +%s) + budget ))
+run() {  # the runner on a filter, stopped at the end of the budget
+  timeout --signal=INT "$1" python3 -m fsalab.cli "$runner" --experiment "$exp" --all --skip-existing \
+    --filter="$2" --results-dir results "${@:3}" 2>&1 | tee -a "$OUT/grid-$exp.log" | grep -v ": exists, skipped" |
+    tail -n 400 | cut -c1-160
+}
+if [ "$runner" = bench-versus ] || [ "${FIT_POINTS:-1}" != 1 ]; then
+  # The versus runner's filter picks groups, so it keeps its own; FIT_POINTS=0 runs the filter as given.
+  run "$budget" "$filter" "$@"
+else
+  # Only the missing points expected to finish inside the time left (scripts/gpu/fit_points.py), again
+  # while a run ends early and more fit; a point still running at the end would be lost.
+  for round in 1 2 3 4; do
+    left=$(( end - $(date +%s) ))
+    fitted=$(python3 "$(dirname "$0")/fit_points.py" --platform "${FSALAB_PLATFORM:-h200}" -- "$exp" "$filter" "$left")
+    case $? in
+      0) ;;
+      3) break ;;
+      *) echo "run_grid $exp: fit_points failed; running the filter as given" >&2
+       run "$left" "$filter" "$@"; break ;;
+    esac
+    run "$left" "$fitted" "$@"
+    [ "$fitted" = "$filter" ] && break  # every missing point was offered
+  done
+fi
 OUT=$OUT bash "$(dirname "$0")/pack_results.sh"

@@ -17,12 +17,19 @@ dispatch.
 
 Every Triton function of ``fsalab.ops`` is replaced by a launcher that does nothing (grid
 lambdas are still evaluated), so nothing of the kernels runs and nothing reads their outputs.
+With ``--triton-launch`` (op path only) Triton's own launch path runs instead, as on the GPU up to
+the compiled kernel's C launcher: the kernels are Triton's JIT functions and autotuners (not the
+interpreter's), the active driver stands in for an sm_90 GPU, and compiling a kernel yields a
+launcher that only counts its launches; the autotuners take their first config
+(``FSALAB_AUTOTUNE=0``), which on the GPU costs the same per call as a cached tuning. The
+difference of the two modes is what Triton's Python adds per launch (binding and specialising
+the arguments, the cache key, the autotuner's argument dicts, launch metadata).
 Prints the median and minimum microseconds per call over rounds of 100 calls (a shared 2-core
 machine is noisy) and the top of a cProfile.
 
     PYTHONPATH=src python scripts/host_glue.py decode [--rounds 20]
     PYTHONPATH=src python scripts/host_glue.py forward [--impl fsa] [--rounds 20] [--sort tottime] [--rows 40]
-    PYTHONPATH=src python scripts/host_glue.py op [--impl fsa] [--backward]
+    PYTHONPATH=src python scripts/host_glue.py op [--impl fsa] [--backward] [--triton-launch]
 """
 import argparse
 import cProfile
@@ -34,7 +41,13 @@ import statistics
 import sys
 import time
 
-os.environ["TRITON_INTERPRET"] = "1"
+# Decided before Triton is imported: its decorators build interpreter functions when this is set.
+TRITON_LAUNCH = "--triton-launch" in sys.argv
+if TRITON_LAUNCH:
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ["FSALAB_AUTOTUNE"] = "0"
+else:
+    os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 
 import fsalab.ops  # noqa: E402
@@ -63,6 +76,47 @@ def stub_launches() -> int:
                 setattr(module, name, NoLaunch())
                 count += 1
     return count
+
+
+def mock_gpu_launches() -> list[int]:
+    """Triton's launch path as on an sm_90 GPU, up to the compiled kernel's launcher, which
+    counts instead of launching; returns the one-element launch counter."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver, jit
+
+    launches = [0]
+
+    class StandInDriver:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    class CountingKernel:
+        function = packed_metadata = None
+
+        def launch_metadata(self, grid, stream, *args):
+            return None
+
+        def run(self, *args):
+            launches[0] += 1
+
+    def compile_nothing(self, key, signature, device, constexprs, options, attrs, warmup):
+        kernel = self.device_caches[device][0][key] = CountingKernel()
+        return kernel
+
+    driver.set_active(StandInDriver())
+    jit.JITFunction._do_compile = compile_nothing
+    for info in pkgutil.walk_packages(fsalab.ops.__path__, "fsalab.ops."):
+        importlib.import_module(info.name)  # every kernel decorated as Triton's, before the next line
+    # The device checks let CPU tensors through where the interpreter would run them.
+    os.environ["TRITON_INTERPRET"] = "1"
+    importlib.import_module("fsalab.ops.flash").INTERPRET = True
+    return launches
 
 
 def decode_call():
@@ -105,11 +159,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds of 100 calls (25 calls a round profiled)")
     parser.add_argument("--sort", default="cumulative", help="cProfile sort key (cumulative, tottime, ...)")
     parser.add_argument("--rows", type=int, default=12, help="profile rows printed")
+    parser.add_argument("--triton-launch", action="store_true",
+                        help="op path: Triton's launch path runs (stand-in sm_90 driver) instead of stubs")
     args = parser.parse_args()
+    if args.triton_launch and args.path != "op":
+        parser.error("--triton-launch times the op path only")
     torch.manual_seed(0)
-    call = {"decode": decode_call, "forward": lambda: forward_call(args.impl),
-            "op": lambda: op_call(args.impl, args.backward)}[args.path]()
-    stubbed = stub_launches()
+    launches = mock_gpu_launches() if args.triton_launch else None
+    with value_checks_off():  # a stand-in launch writes nothing: no check may read its outputs
+        call = {"decode": decode_call, "forward": lambda: forward_call(args.impl),
+                "op": lambda: op_call(args.impl, args.backward)}[args.path]()
+    if launches is None:
+        what = f"{stub_launches()} Triton functions stubbed"
+    else:
+        with value_checks_off():
+            launches[0] = 0
+            call()
+        what = f"Triton's launch path, {launches[0]} launches a call"
     with value_checks_off():
         for _ in range(20):
             call()
@@ -119,7 +185,7 @@ def main() -> None:
             for _ in range(100):
                 call()
             rounds.append((time.perf_counter() - t0) * 1e4)
-        print(f"{args.path} host time with {stubbed} Triton functions stubbed: {statistics.median(rounds):.0f} us/call "
+        print(f"{args.path} host time with {what}: {statistics.median(rounds):.0f} us/call "
               f"median, {min(rounds):.0f} min over {len(rounds)} rounds of 100 (python {sys.version.split()[0]}, "
               f"torch {torch.__version__})")
         prof = cProfile.Profile()

@@ -72,7 +72,6 @@ def pytest_configure(config):
         config.option.maxschedchunk = 1
 
 
-
 @pytest.fixture
 def decode_smoke_rows(tmp_path):
     """``rows(name, device)``: every smoke point of the decode-runner experiment ``name`` (decode,
@@ -90,6 +89,7 @@ def decode_smoke_rows(tmp_path):
         return written
 
     return rows
+
 
 def _expected_seconds(item) -> float:
     marker = item.get_closest_marker("slow")

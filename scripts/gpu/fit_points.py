@@ -27,25 +27,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from fsalab.bench.grid import expand, load_experiment  # noqa: E402
+from fsalab.results import SUPERSEDED  # noqa: E402
 
 NOTHING_TO_RUN = 3
 
 
-def glob_escape(text: str) -> str:
-    """``text`` as a glob pattern that matches only itself."""
-    return re.sub(r"([*?\[])", r"[\1]", text)
-
-
-def newest_elapsed(superseded: Path, point_id: str) -> float | None:
-    """``elapsed_s`` of the newest set-aside row of ``point_id`` that recorded one (None: none)."""
-    timed = []
-    for path in superseded.glob(f"{glob_escape(point_id)}.*.json"):
-        if path.name.rsplit(".", 2)[0] != point_id:
-            continue
+def newest_elapsed(superseded: Path) -> dict[str, float]:
+    """Point id -> ``elapsed_s`` of its newest set-aside row that recorded one (files
+    ``<id>.<commit>.json``; newest by the row's provenance timestamp)."""
+    newest: dict[str, tuple[str, float]] = {}
+    for path in superseded.glob("*.json"):
         row = json.loads(path.read_text())
-        if row.get("elapsed_s") is not None:
-            timed.append(((row.get("provenance") or {}).get("timestamp") or "", float(row["elapsed_s"])))
-    return max(timed)[1] if timed else None
+        if row.get("elapsed_s") is None:
+            continue
+        point_id = path.name.rsplit(".", 2)[0]
+        timed = ((row.get("provenance") or {}).get("timestamp") or "", float(row["elapsed_s"]))
+        newest[point_id] = max(newest.get(point_id, timed), timed)
+    return {point_id: seconds for point_id, (_, seconds) in newest.items()}
 
 
 def fit(expected: dict[str, float], seconds: float) -> list[str]:
@@ -76,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     if not missing:
         print(f"fit_points {name}: no point of filter {args.filter!r} is missing", file=sys.stderr)
         return NOTHING_TO_RUN
-    superseded = root / "superseded" / name
-    known = {i: newest_elapsed(superseded, i) for i in missing}
+    earlier = newest_elapsed(root / SUPERSEDED / name)
+    known = {i: earlier.get(i) for i in missing}
     measured = [s for s in known.values() if s is not None]
     if not measured:  # nothing to judge by: run them all, as the runner would
         print(f"fit_points {name}: {len(missing)} points, none measured before; all offered", file=sys.stderr)

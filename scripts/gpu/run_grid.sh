@@ -49,7 +49,7 @@ if [ "$runner" = bench-versus ] || [ "${FIT_POINTS:-1}" != 1 ]; then
 else
   # Only the missing points expected to finish inside the time left (scripts/gpu/fit_points.py), again
   # while a run ends early and more fit; a point still running at the end would be lost.
-  for round in 1 2 3 4; do
+  for _ in 1 2 3 4; do
     left=$(( end - $(date +%s) ))
     fitted=$(python3 "$(dirname "$0")/fit_points.py" --platform "${FSALAB_PLATFORM:-h200}" -- "$exp" "$filter" "$left")
     case $? in

@@ -4,7 +4,9 @@ device call's time, longest first, as a filter of their ids."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,9 +96,6 @@ exec {python} "$@"
 def _run_grid(tmp_path, budget, **env):
     """run_grid.sh generate over the grid of ``_grid`` in a scratch checkout, with the stub runner;
     returns (exit status, the runner's calls)."""
-    import os
-    import shutil
-
     repo = tmp_path / "repo"
     (repo / "scripts" / "gpu").mkdir(parents=True)
     for name in ("run_grid.sh", "fit_points.py", "pack_results.sh"):

@@ -52,7 +52,7 @@ def cmd_env(args) -> int:
 def _load(args):
     from .bench import grid
 
-    return grid.load_experiment(args.experiment, smoke=args.smoke)
+    return grid.load_experiment(args.experiment, smoke=args.smoke, paper=args.paper)
 
 
 def cmd_points(args) -> int:
@@ -147,10 +147,13 @@ def cmd_bench_kernel(args) -> int:
 
         points = [p for p in grid.expand(exp) if re.search(args.filter, p["id"])]
         if hasattr(module, "run_points"):
+            if args.budget_s is not None:
+                print(f"the {exp['runner']} runner times whole groups: --budget-s does not apply", file=sys.stderr)
+                return 2
             module.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, force=args.force)
         else:
             kernel.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, runner=run_point,
-                              force=args.force)
+                              force=args.force, budget_s=args.budget_s)
         return 0
     out = args.out or rows.result_path(args.results_dir, platform, point["experiment"], point["id"])
     rows.check_writable(out, platform, args.force)
@@ -336,6 +339,8 @@ def kernel_parser(sub, command: str, experiment_args) -> None:
     p.add_argument("--all", action="store_true", help="run every point of the grid in this process")
     p.add_argument("--skip-existing", action="store_true", help="with --all: keep result files already there")
     p.add_argument("--filter", default=".", help="with --all: only point ids matching this regular expression")
+    p.add_argument("--budget-s", type=float, help="with --all: start only the points expected to end within this many "
+                   "seconds (their last measured time), leave the rest for a later run")
     p.add_argument("--out", help="result file (default results/<platform>/<experiment>/<point>.json)")
     p.add_argument("--results-dir", default="results")
     p.add_argument("--platform", help="override the detected platform name")
@@ -356,7 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def experiment_args(p):
         p.add_argument("--experiment", required=True, help="experiments/<name>.yaml (a name or a path)")
-        p.add_argument("--smoke", action="store_true", help="use the tiny grid of experiments/smoke.yaml")
+        overlay = p.add_mutually_exclusive_group()
+        overlay.add_argument("--smoke", action="store_true", help="use the tiny grid of experiments/smoke.yaml")
+        overlay.add_argument("--paper", action="store_true", help="use the paper's points (experiments/paper.yaml)")
 
     p = sub.add_parser("points", help="list the point ids of an experiment")
     experiment_args(p)

@@ -1,5 +1,6 @@
 """Measurements: one job per grid point (kernel, dram and the end-to-end runners train, prefill,
-convergence) or per experiment (batch_points, and versus always); the theory table in one job."""
+convergence), per slice of a grid (slice_s), or per experiment (batch_points, and versus always);
+the theory table in one job."""
 
 
 if SINGLE_POINT_EXPERIMENTS:
@@ -52,6 +53,40 @@ for _exp in BATCH_EXPERIMENTS:
         shell:
             "fsalab {params.command} --experiment {params.experiment} {params.smoke} --all "
             "--filter '{params.filter}' --platform {params.platform} --results-dir results > {log} 2>&1"
+
+
+# slice_s: one job per slice of an experiment, in the order of its grid, earlier experiments of
+# the config first. Its point files are update() outputs and profiles that slice keep incomplete
+# files: a job stopped at its time limit loses no finished point, and the next run measures what
+# is missing (the runner skips files already there).
+for _rank, _exp in enumerate(SLICED_EXPERIMENTS):
+    for _k, _ids in enumerate(SLICES[_exp]):
+
+        rule:
+            name:
+                f"bench_{_exp}_slice{_k}"
+            output:
+                [update(f"results/{PLATFORM}/{_exp}/{p}.json") for p in _ids],
+            log:
+                f"logs/{PLATFORM}/bench_{_exp}_slice{_k}.log",
+            params:
+                smoke=SMOKE_FLAG,
+                experiment=_exp,
+                filter="^(" + "|".join(_ids) + ")$",
+                platform=PLATFORM,
+                command=bench_command(_exp),
+                budget=SLICE_S,
+            priority: len(SLICED_EXPERIMENTS) - _rank
+            resources:
+                gpu=1 if JOBS_NEED_GPU else 0,
+                # The slice is planned to take slice_s; a batch scheduler stops it at 1.25 x that.
+                runtime=max(1, int(SLICE_S * 1.25 / 60)),
+            conda:
+                "../envs/fsalab.yaml"
+            shell:
+                "fsalab {params.command} --experiment {params.experiment} {params.smoke} --all --skip-existing "
+                "--filter '{params.filter}' --platform {params.platform} --results-dir results "
+                "--budget-s {params.budget} > {log} 2>&1"
 
 
 rule theory:

@@ -25,9 +25,11 @@ ON_GPU = _cuda_available()
 MODE = config["mode"] if config["mode"] != "auto" else ("full" if ON_GPU else "smoke")
 # Whether a measurement job needs a GPU: on a GPU machine, and for the paper-scale grids planned
 # where there is none (a slurm login node submitting to GPU nodes), which only a GPU can run.
-JOBS_NEED_GPU = ON_GPU or MODE == "full"
+JOBS_NEED_GPU = ON_GPU or MODE in ("full", "paper")
 SMOKE = MODE == "smoke"
-SMOKE_FLAG = "--smoke" if SMOKE else ""
+PAPER = MODE == "paper"
+# The grid overlay every runner of this run is given (experiments/smoke.yaml, experiments/paper.yaml).
+SMOKE_FLAG = "--smoke" if SMOKE else "--paper" if PAPER else ""
 # One process per experiment for the tiny smoke grids (interpreter start-up dominates them).
 BATCH_POINTS = config["batch_points"] if config["batch_points"] is not None else SMOKE
 
@@ -46,7 +48,11 @@ def _platform():
 
 PLATFORM = _platform()
 FIGURES_PLATFORM = config["figures_platform"]
-EXPERIMENTS = {name: grid.load_experiment(name, smoke=SMOKE) for name in config["experiments"]}
+# The paper profile measures the experiments experiments/paper.yaml holds, in its order (most-cited
+# artefacts first), and the cost model.
+_NAMES = ([n for n in ("theory", *grid.load_overlay("paper")["experiments"]) if n in config["experiments"]]
+          if PAPER else config["experiments"])
+EXPERIMENTS = {name: grid.load_experiment(name, smoke=SMOKE, paper=PAPER and name != "theory") for name in _NAMES}
 # Experiments measured point by point with `fsalab bench-<runner>` (one result file per point):
 # kernel, dram, compile, versus, decode and the end-to-end runners train, prefill, convergence.
 POINT_RUNNERS = ("kernel", "dram", "compile", "train", "prefill", "convergence", "versus", "decode")
@@ -54,15 +60,30 @@ POINT_EXPERIMENTS = [n for n, e in EXPERIMENTS.items() if e["runner"] in POINT_R
 # Experiments whose points run in one process per experiment: all of them with batch_points;
 # versus always (it times the points of a group side by side, so one point alone is no job).
 BATCH_EXPERIMENTS = [n for n in POINT_EXPERIMENTS if BATCH_POINTS or EXPERIMENTS[n]["runner"] == "versus"]
-SINGLE_POINT_EXPERIMENTS = [n for n in POINT_EXPERIMENTS if n not in BATCH_EXPERIMENTS]
-if config["min_commit"]:
-    from fsalab.results import supersede
-
-    for _old, _new in supersede(PLATFORM, config["min_commit"], ROOT / "results", POINT_EXPERIMENTS):
-        print(f"min_commit: {_old} -> {_new}", file=sys.stderr)
-POINTS = {n: [p["id"] for p in grid.expand(EXPERIMENTS[n])] for n in POINT_EXPERIMENTS}
+# With slice_s, the other experiments run in slices: consecutive points expected to take at most
+# slice_s seconds in one process (fsalab.bench.budget: each point's last measured time).
+SLICE_S = config["slice_s"]
+SLICED_EXPERIMENTS = [n for n in POINT_EXPERIMENTS if SLICE_S and n not in BATCH_EXPERIMENTS]
+SINGLE_POINT_EXPERIMENTS = [n for n in POINT_EXPERIMENTS if n not in BATCH_EXPERIMENTS + SLICED_EXPERIMENTS]
+_EXPANDED = {n: grid.expand(EXPERIMENTS[n]) for n in POINT_EXPERIMENTS}
 if config.get("point_filter"):
-    POINTS = {n: [p for p in ids if re.search(config["point_filter"], p)] for n, ids in POINTS.items()}
+    _EXPANDED = {n: [p for p in pts if re.search(config["point_filter"], p["id"])] for n, pts in _EXPANDED.items()}
+POINTS = {n: [p["id"] for p in pts] for n, pts in _EXPANDED.items()}
+
+
+def _slices(experiment):
+    """The experiment's points cut into slices of at most SLICE_S expected seconds, estimated
+    from this platform's measured rows, else from figures_platform's (read only: parsing writes
+    nothing)."""
+    from fsalab.bench import budget
+
+    measured = {**budget.measured_seconds(FIGURES_PLATFORM, experiment, ROOT / "results"),
+                **budget.measured_seconds(PLATFORM, experiment, ROOT / "results")}
+    points = _EXPANDED[experiment]
+    return budget.slices(points, budget.estimates(points, measured), SLICE_S)
+
+
+SLICES = {n: [[p["id"] for p in piece] for piece in _slices(n)] for n in SLICED_EXPERIMENTS}
 
 
 def figures_dir(platform):

@@ -10,7 +10,8 @@ import copy
 from .points import DTYPE_TAGS, expand_subgrid, point_hash
 
 OPS = ("decode_step", "inference", "generate")
-NSA_IMPLS = {"decode_step": ("triton", "reference"), "inference": ("fsa", "nsa", "auto"), "generate": ("fsa", "nsa", "auto")}
+NSA_IMPLS = {"decode_step": ("triton", "reference"), "inference": ("fsa_paper", "fsa", "nsa", "auto"),
+             "generate": ("fsa_paper", "fsa", "nsa", "auto")}
 FULL_IMPLS = {"decode_step": ("sdpa_flash", "sdpa_cudnn", "sdpa_math", "flash_attn", "flashinfer"),
               "inference": ("sdpa_flash", "sdpa_cudnn", "sdpa_math"), "generate": ("sdpa_flash", "sdpa_cudnn", "sdpa_math")}
 DEFAULTS = {"direction": "fwd", "batch": 1, "h_kv": 4, "g": 16, "d": 128, "block_size": 64, "topk": 16,

@@ -11,10 +11,12 @@ import copy
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import yaml
 
+from .budget import budget_for
 from .grid import expand, load_experiment
 from .points import DTYPES, E2E_DEFAULTS, e2e_point_id
 from .repo import repo_root
@@ -28,8 +30,12 @@ def add_point_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--all", action="store_true", help="every point of the experiment, in this process")
     ap.add_argument("--list", action="store_true", help="print the experiment's point ids")
     ap.add_argument("--filter", default=".", help="with --all: only point ids matching this regular expression")
-    ap.add_argument("--smoke", action="store_true", help="the experiment's tiny entry in experiments/smoke.yaml")
-    ap.add_argument("--skip-existing", action="store_true")
+    overlay = ap.add_mutually_exclusive_group()
+    overlay.add_argument("--smoke", action="store_true", help="the experiment's tiny entry in experiments/smoke.yaml")
+    overlay.add_argument("--paper", action="store_true", help="the experiment's paper points (experiments/paper.yaml)")
+    ap.add_argument("--skip-existing", action="store_true", help="keep result files already there")
+    ap.add_argument("--budget-s", type=float, help="with --all: start only the points expected to end within this "
+                    "many seconds (their last measured time), leave the rest for a later run")
     ap.add_argument("--results-dir", default=None, help="default: <repo>/results")
     ap.add_argument("--platform", default=None, help="default: detected (h200, cpu-interpret, ...)")
     ap.add_argument("--out", help="ad-hoc point: write the row here (default: print it)")
@@ -62,7 +68,7 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
     device = fsdp.setup_device()  # first: selects the Triton interpreter before triton is imported
     from .provenance import detect_platform
 
-    exp = load_experiment(args.experiment, args.smoke) if args.experiment else {"experiment": op, "runner": {"train_step": "train"}.get(op, op), "grid": []}
+    exp = load_experiment(args.experiment, args.smoke, args.paper) if args.experiment else {"experiment": op, "runner": {"train_step": "train"}.get(op, op), "grid": []}
     base = {**(defaults or {}), "op": op, "dtype": default_dtype}
     if args.list:
         for p in expand(exp, base):
@@ -99,11 +105,21 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
     for path in paths if writes else []:  # refuse before measuring anything (another machine's folder)
         if not (args.skip_existing and path.exists()):
             check_writable(path, platform, args.force)
+    if args.budget_s is not None and fsdp.world_size() > 1:
+        # Each rank would judge the budget on its own clock and could leave a different point.
+        ap.error("--budget-s runs on one process; a torchrun job times every point it is given")
     status = 0
+    budget = budget_for(points, args.budget_s, platform, results)
     for i, (p, path) in enumerate(zip(points, paths), 1):
         if args.skip_existing and path.exists():
             continue
+        if not budget.fits(p):
+            if fsdp.rank() == 0:
+                print(f"[{i}/{len(points)}] {p['id']}: {budget.note(p)}", file=sys.stderr, flush=True)
+            continue
+        started = time.time()
         row = run_safely(runner, p, exp, device, platform)
+        budget.spend(time.time() - started)
         if fsdp.rank() == 0:
             if writes:
                 write_row(row, path, args.force)

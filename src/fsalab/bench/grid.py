@@ -77,12 +77,15 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+OVERLAYS = ("smoke", "paper")
+
+
 def known_experiments() -> list[str]:
     """Names of the experiments (every YAML of the checkout's ``experiments/``, else of the
-    package's copy, but smoke.yaml), sorted."""
+    package's copy, but the overlays smoke.yaml and paper.yaml), sorted."""
     local = repo_root() / "experiments"
     folder = local if local.is_dir() else data.path("experiments")
-    return sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "smoke")
+    return sorted(p.stem for p in folder.glob("*.yaml") if p.stem not in OVERLAYS)
 
 
 def experiment_path(name_or_path: str | Path) -> Path:
@@ -100,25 +103,36 @@ def experiment_path(name_or_path: str | Path) -> Path:
     return path
 
 
-def load_experiment(name_or_path: str | Path, smoke: bool = False) -> dict:
-    """A validated experiment; with ``smoke`` its entry of experiments/smoke.yaml merged over it."""
+def load_experiment(name_or_path: str | Path, smoke: bool = False, paper: bool = False) -> dict:
+    """A validated experiment; with ``smoke`` (``paper``) its entry of experiments/smoke.yaml
+    (experiments/paper.yaml) merged over it."""
+    if smoke and paper:
+        raise ValueError("an experiment is loaded with the smoke overlay or the paper overlay, not both")
     path = experiment_path(name_or_path)
     with open(path) as fh:
         exp = yaml.safe_load(fh)
-    if smoke:
-        smoke_cfg = load_smoke()
+    overlay = "smoke" if smoke else "paper" if paper else None
+    if overlay:
+        entries = load_overlay(overlay)["experiments"]
         name = exp.get("experiment")
-        if name not in smoke_cfg["experiments"]:
-            raise ValueError(f"experiments/smoke.yaml has no entry for experiment {name!r}")
-        exp = _deep_merge(exp, smoke_cfg["experiments"][name])
-    return validate(exp, load_schema("experiment"), str(path) + (" (smoke)" if smoke else ""))
+        if name not in entries:
+            raise ValueError(f"experiments/{overlay}.yaml has no entry for experiment {name!r}")
+        exp = _deep_merge(exp, entries[name])
+    return validate(exp, load_schema("experiment"), str(path) + (f" ({overlay})" if overlay else ""))
+
+
+def load_overlay(name: str) -> dict:
+    """experiments/<name>.yaml of an overlay (``OVERLAYS``), validated."""
+    if name not in OVERLAYS:
+        raise ValueError(f"overlay must be one of {OVERLAYS}, got {name!r}")
+    path = experiment_path(name)
+    with open(path) as fh:
+        return validate(yaml.safe_load(fh), load_schema("overlay"), str(path))
 
 
 def load_smoke() -> dict:
     """experiments/smoke.yaml, validated."""
-    path = experiment_path("smoke")
-    with open(path) as fh:
-        return validate(yaml.safe_load(fh), load_schema("smoke"), str(path))
+    return load_overlay("smoke")
 
 
 def check_impl(p: dict, where: str) -> None:

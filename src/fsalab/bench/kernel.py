@@ -19,6 +19,7 @@ import torch
 
 from ..checks import value_checks_off
 from . import flops, ops
+from .budget import budget_for
 from .check import check
 from .inputs import attended_keys, input_key, make_inputs
 from .provenance import detect_platform
@@ -72,15 +73,18 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
 
 def run_points(
     points: list[dict], exp: dict, device: torch.device, results_dir: str | Path, platform: str | None = None,
-    skip_existing: bool = False, stream=sys.stderr, runner=None, force: bool = False,
+    skip_existing: bool = False, stream=sys.stderr, runner=None, force: bool = False, budget_s: float | None = None,
 ) -> list[Path]:
     """Run points in this process, one file each, printing progress (index, status, latency, ETA).
 
     ``runner(point, exp, device, platform) -> row`` defaults to ``run_point`` (``dram.run_point``
     profiles instead of timing). Each row is written as soon as it exists and a runner that
-    raises gives a failure row (``run_safely``), so one bad point costs no other point's file."""
+    raises gives a failure row (``run_safely``), so one bad point costs no other point's file.
+    With ``budget_s``, a point is started only when it is expected to end inside the budget
+    (``bench.budget``: its last measured time); the others are left for a later run."""
     runner = runner or run_point
     platform = platform or detect_platform()
+    budget = budget_for(points, budget_s, platform, results_dir)
     # Points sharing inputs run back to back (every impl and direction of one grid point in turn).
     points = sorted(points, key=lambda p: repr(input_key(p)))
     paths = [result_path(results_dir, platform, p["experiment"], p["id"]) for p in points]
@@ -92,8 +96,13 @@ def run_points(
         if skip_existing and path.exists():
             print(f"[{i}/{len(points)}] {p['id']}: exists, skipped", file=stream, flush=True)
             continue
+        if not budget.fits(p):
+            print(f"[{i}/{len(points)}] {p['id']}: {budget.note(p)}", file=stream, flush=True)
+            continue
+        started = time.time()
         row = run_safely(runner, p, exp, device, platform)
         written.append(write_row(row, path, force))
+        budget.spend(time.time() - started)
         eta = (time.time() - t0) / i * (len(points) - i)
         lat = f"{row['median_ms']:.3f} ms" if row.get("median_ms") is not None else row["message"][:80]
         print(f"[{i}/{len(points)}] {p['id']}: {row['status']} {lat} (eta {eta:.0f} s)", file=stream, flush=True)

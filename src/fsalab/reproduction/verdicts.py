@@ -12,14 +12,17 @@ A claim is of one of five kinds (``KINDS``):
 
 Verdicts, with ``ratio`` = ours / paper:
 
+- *not reproduced* first, for ``higher``/``lower``: the paper's effect has a side of the
+  claim's ``baseline`` (1 for ratios) and ours is not on it (a claimed speed-up of 1.10
+  measured as 0.95 is a reversal, however close to the paper's number);
 - *reproduced*: ``|ratio - 1| <= TOLERANCE`` (25 %); for an inequality: it holds with
   ``MARGIN`` (5 %) to spare (``ours <= bound (1 - MARGIN)`` or ``ours >= bound (1 + MARGIN)``);
 - *exceeded*: ``higher``/``lower`` only: better than the paper's by more than 25 %
   (``ratio > 1.25`` resp. ``ratio < 0.75``);
-- *same direction*: ``higher``/``lower`` only: outside ±25 % on the worse side, but the effect has
-  the paper's sign (both above, or both below, the claim's ``baseline``: 1 for ratios);
-- *not reproduced*: everything else: the effect changes sign, an inequality fails (or holds
-  within the margin), a ``magnitude`` misses ±25 % (a size has no better side);
+- *same direction*: ``higher``/``lower`` only: outside ±25 % on the worse side, with the effect
+  on the paper's side of the baseline;
+- *not reproduced*: everything else: an inequality fails (or holds within the margin), a
+  ``magnitude`` misses ±25 % (a size has no better side: seconds are compared as seconds);
 - *not attempted (why)*: no measured value; the reason says why (hardware, checkpoints, a
   runner not run yet).
 """
@@ -55,6 +58,8 @@ def verdict(ours: float | None, paper: float | None, kind: str, baseline: float 
         return REPRODUCED if ours <= paper * (1 - MARGIN) else NOT_REPRODUCED
     if kind == "at_least":
         return REPRODUCED if ours >= paper * (1 + MARGIN) else NOT_REPRODUCED
+    if kind in ("higher", "lower") and paper != baseline and (ours - baseline) * (paper - baseline) <= 0:
+        return NOT_REPRODUCED
     ratio = ours / paper
     if abs(ratio - 1) <= TOLERANCE:
         return REPRODUCED
@@ -63,9 +68,7 @@ def verdict(ours: float | None, paper: float | None, kind: str, baseline: float 
     better = ratio > 1 + TOLERANCE if kind == "higher" else ratio < 1 - TOLERANCE
     if better:
         return EXCEEDED
-    if (ours - baseline) * (paper - baseline) > 0:
-        return SAME_DIRECTION
-    return NOT_REPRODUCED
+    return SAME_DIRECTION
 
 
 def paper_gpu(platform: str) -> str:
@@ -82,7 +85,12 @@ class Claim:
     ``paper_gpu``: which GPUs the paper's number covers ("H200", "H20, H200", "formula");
     ``platform``: where ours was measured (a results folder, or "—"); ``commits``: the short
     ``git_commit`` fields of the rows behind ours, as the rows give them; ``points``: how many
-    measured points a max/mean covers."""
+    measured points a max/mean covers; ``experiments``: the experiments whose rows ours comes
+    from; ``impls``: the implementations the verdict's number compares (the paper's kernel and
+    baseline); ``beyond``: the same number for what fsalab adds beyond the paper (its own FSA
+    variant, ``auto``, stronger full-attention baselines), shown beside the verdict and never
+    judged; ``counted``: False for a row that repeats another row's measurement (the abstract
+    restating a figure), so the tally counts each claim once."""
 
     artefact: str
     claim: str
@@ -95,6 +103,10 @@ class Claim:
     points: int | None = None
     baseline: float = 1.0
     reason: str = ""
+    experiments: tuple[str, ...] = ()
+    impls: tuple[str, ...] = ()
+    beyond: tuple[tuple[str, float | None], ...] = ()
+    counted: bool = True
 
     @property
     def verdict(self) -> str:

@@ -73,12 +73,10 @@ POINTS = {n: [p["id"] for p in pts] for n, pts in _EXPANDED.items()}
 
 def _slices(experiment):
     """The experiment's points cut into slices of at most SLICE_S expected seconds, estimated
-    from this platform's measured rows, else from figures_platform's (read only: parsing writes
-    nothing)."""
+    from this platform's measured rows, else other platforms' (read only: parsing writes nothing)."""
     from fsalab.bench import budget
 
-    measured = {**budget.measured_seconds(FIGURES_PLATFORM, experiment, ROOT / "results"),
-                **budget.measured_seconds(PLATFORM, experiment, ROOT / "results")}
+    measured = budget.measured_anywhere(PLATFORM, experiment, ROOT / "results")
     points = _EXPANDED[experiment]
     return budget.slices(points, budget.estimates(points, measured), SLICE_S)
 

@@ -105,10 +105,21 @@ class Budget:
                 f"{max(self.left or 0.0, 0.0):.0f} s of the budget left")
 
 
+def measured_anywhere(platform: str, experiment: str, results_dir: str | Path) -> dict[str, float]:
+    """``measured_seconds`` of ``platform``, completed by the other platforms' rows of the same
+    points (a first run on a new GPU plans with another GPU's times)."""
+    root = Path(results_dir)
+    others = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != platform) if root.is_dir() else []
+    merged: dict[str, float] = {}
+    for name in [*others, platform]:
+        merged.update(measured_seconds(name, experiment, results_dir))
+    return merged
+
+
 def budget_for(points: list[dict], seconds: float | None, platform: str, results_dir: str | Path) -> Budget:
-    """A ``Budget`` of ``seconds`` for ``points`` of one experiment, estimated from ``platform``'s
-    measured rows."""
+    """A ``Budget`` of ``seconds`` for ``points`` of one experiment, estimated from the measured
+    rows of ``platform`` (of other platforms where it has none)."""
     if seconds is None or not points:
         return Budget(seconds, {})
-    measured = measured_seconds(platform, points[0]["experiment"], results_dir)
+    measured = measured_anywhere(platform, points[0]["experiment"], results_dir)
     return Budget(seconds - START_S, estimates(points, measured))

@@ -517,8 +517,9 @@ def test_verdicts_read_one_clean_commit(tmp_path):
     assert vs_nsa.commits == ("ccccccc",) and vs_nsa.ours == pytest.approx(3.0 / 2.0)
     mixed = _kernel_rows("b" * 40, "2026-11-01", {"nsa": 3.0, "triton": 8.0}) + _kernel_rows(
         "c" * 40, "2026-12-01", {"fsa_paper": 2.0})
+    # No commit measured all three side by side: no verdict, although each side was measured.
     vs_nsa = _figure4(tmp_path, mixed)["FSA vs NSA, forward and backward, max"]
-    assert vs_nsa.ours is None and vs_nsa.commits == ("ccccccc",)
+    assert vs_nsa.ours is None and vs_nsa.commits == ("bbbbbbb",)
 
 
 def test_committed_verdicts_read_one_clean_commit_of_the_papers_implementations():

@@ -174,6 +174,28 @@ def forward(command: str, argv: list[str]) -> int:
     return importlib.import_module(f"fsalab.bench.{FORWARDED[command]}").main(argv)
 
 
+def cmd_plan(args) -> int:
+    from .bench import budget, grid
+
+    names = args.experiment or (list(grid.load_overlay("paper")["experiments"]) if args.paper else grid.known_experiments())
+    total = 0.0
+    print(f"{'experiment':<12} {'points':>6} {'timed before':>12} {'slices':>6} {'expected s':>10} {'longest slice s':>15}")
+    for name in names:
+        exp = grid.load_experiment(name, smoke=args.smoke, paper=args.paper)
+        if exp["runner"] == "theory":
+            continue
+        points = grid.expand(exp)
+        measured = budget.measured_anywhere(args.platform, name, args.results_dir)
+        expected = budget.estimates(points, measured)
+        pieces = budget.slices(points, expected, args.slice_s)
+        seconds = [budget.START_S + sum(expected[p["id"]] for p in piece) for piece in pieces]
+        total += sum(seconds)
+        print(f"{name:<12} {len(points):>6} {sum(p['id'] in measured for p in points):>12} {len(pieces):>6} "
+              f"{sum(seconds):>10.0f} {max(seconds):>15.0f}")
+    print(f"{'all':<12} {'':>6} {'':>12} {'':>6} {total:>10.0f}  ({total / 60:.0f} min)")
+    return 0
+
+
 def cmd_theory(args) -> int:
     from .bench import grid
     from .theory import table
@@ -376,6 +398,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, module in FORWARDED.items():  # listed for --help; main() forwards them before parsing
         sub.add_parser(name, help=f"end-to-end runner fsalab.bench.{module} (see `fsalab {name} --help`)")
+
+    p = sub.add_parser("plan", help="what a run costs: each experiment's points, slices and expected seconds, from "
+                       "the points' last measured times (x 1.25)")
+    p.add_argument("--experiment", nargs="+", help="experiments/<name>.yaml (default: all; with --paper, the paper's)")
+    overlay = p.add_mutually_exclusive_group()
+    overlay.add_argument("--smoke", action="store_true", help="the tiny grids of experiments/smoke.yaml")
+    overlay.add_argument("--paper", action="store_true", help="the paper's points (experiments/paper.yaml)")
+    p.add_argument("--platform", default="h200", help="whose measured times to plan with (others fill the gaps)")
+    p.add_argument("--slice-s", type=float, default=480.0, help="the most expected seconds of one slice (one job)")
+    p.add_argument("--results-dir", default="results", help="where the measured point files are")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("theory", help="memory/FLOP model table of a theory experiment")
     experiment_args(p)

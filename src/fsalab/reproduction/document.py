@@ -282,8 +282,8 @@ def _kernel_rows(t: Tables) -> pd.DataFrame:
 def _kernel_block(t: Tables) -> list[str]:
     """The 64K selected-attention table (Figure 3's setting), per g, beside full attention."""
     at = _kernel_rows(t)
-    if at.empty:
-        return ["(no kernel results)", ""]
+    if at.empty or not (at["op"] == "selected").any():
+        return [f"(no clean 64K selected-attention rows of one commit in `results/{t.platform}/kernel.csv`)", ""]
     sel = at[at["op"] == "selected"].pivot_table(index="g", columns=["impl", "direction"], values="median_ms", aggfunc="min")
     full = at[at["op"] == "full_attention"].pivot_table(index="g", columns=["impl", "direction"], values="median_ms",
                                                         aggfunc="min")

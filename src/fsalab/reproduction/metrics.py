@@ -79,9 +79,9 @@ def speedups(df: pd.DataFrame, op: str = "nsa_attention", fsa: str = PAPER_FSA, 
 
 def one_commit(df: pd.DataFrame, impls: tuple[str, ...] = ()) -> pd.DataFrame:
     """The rows one verdict may read: ok, not marked dirty (a row that records no dirtiness, from
-    a copied tree named by its commit, counts as clean), and of one commit only: the newest one
-    (by its latest row's ``timestamp``) among those that measured every impl of ``impls``, else
-    the newest one. So an artefact's FSA, NSA and full-attention rows run the same code."""
+    a copied tree named by its commit, counts as clean), and of one commit only: the one that
+    measured the most impls of ``impls``, the newest (by its latest row's ``timestamp``) among
+    equals. So an artefact's FSA, NSA and full-attention rows run the same code."""
     ok = results.ok(df)
     if ok.empty or "git_commit" not in ok:
         return ok
@@ -90,10 +90,10 @@ def one_commit(df: pd.DataFrame, impls: tuple[str, ...] = ()) -> pd.DataFrame:
     ok = ok[ok["git_commit"].notna()]
     if ok.empty:
         return ok
-    latest = ok.groupby("git_commit")["timestamp"].max() if "timestamp" in ok else ok.groupby("git_commit").size()
-    complete = [c for c, rows in ok.groupby("git_commit") if set(impls) <= set(rows["impl"])] if impls else []
-    candidates = latest.loc[complete] if complete else latest
-    return ok[ok["git_commit"] == candidates.sort_values().index[-1]]
+    latest = ok.groupby("git_commit")["timestamp"].max().astype(str) if "timestamp" in ok else None
+    covered = ok.groupby("git_commit")["impl"].agg(lambda names: len(set(impls) & set(names)))
+    best = max(covered.index, key=lambda c: (covered[c], latest[c] if latest is not None else ""))
+    return ok[ok["git_commit"] == best]
 
 
 def stat(series: pd.Series) -> dict:

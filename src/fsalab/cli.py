@@ -147,7 +147,7 @@ def cmd_bench_kernel(args) -> int:
 
         points = [p for p in grid.expand(exp) if re.search(args.filter, p["id"])]
         if hasattr(module, "run_points"):
-            if args.budget_s is not None:
+            if args.budget_s is not None and exp["runner"] == "versus":
                 print(f"the {exp['runner']} runner times whole groups: --budget-s does not apply", file=sys.stderr)
                 return 2
             module.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, force=args.force)

@@ -146,9 +146,9 @@ def cmd_bench_kernel(args) -> int:
         import re
 
         points = [p for p in grid.expand(exp) if re.search(args.filter, p["id"])]
-        if hasattr(module, "run_points"):
-            if args.budget_s is not None and exp["runner"] == "versus":
-                print(f"the {exp['runner']} runner times whole groups: --budget-s does not apply", file=sys.stderr)
+        if exp["runner"] == "versus":  # it runs whole groups of points side by side
+            if args.budget_s is not None:
+                print("the versus runner times whole groups: --budget-s does not apply", file=sys.stderr)
                 return 2
             module.run_points(points, exp, device, args.results_dir, platform, args.skip_existing, force=args.force)
         else:

@@ -541,3 +541,12 @@ def test_the_tally_counts_a_measurement_once():
     repeated = [r for r in rows if not r.counted]
     assert repeated and all(r.artefact == "Abstract" and r.claim.startswith("kernel") for r in repeated)
     assert sum(document.tally(rows).values()) == len(rows) - len(repeated)
+
+
+def test_a_commit_of_digits_stays_a_name(tmp_path):
+    """A short commit made of digits only is read back from a table as text, not as a number."""
+    rows = _kernel_rows("1434595", "2026-12-07", PAPER_SET)
+    (tmp_path / "h100").mkdir()
+    pd.DataFrame(rows).to_csv(tmp_path / "h100" / "kernel.csv", index=False)
+    table = results.load_table("h100", "kernel", tmp_path)
+    assert reproduction.commits_of(table) == ("1434595",)

@@ -138,7 +138,8 @@ def load_table(platform: str, experiment: str, results_dir: str | Path | None = 
     root = results_root(results_dir)
     csv = root / platform / f"{experiment}.csv"
     if csv.is_file():
-        df = pd.read_csv(csv)
+        # A short commit of digits only (e.g. 1434595) is a name, not a number.
+        df = pd.read_csv(csv, dtype={"git_commit": str})
         return df if len(df.columns) else pd.DataFrame(columns=list(COLUMNS))
     return to_frame(load_rows(platform, experiment, results_dir)) if (root / platform / experiment).is_dir() else to_frame([])
 

@@ -524,7 +524,8 @@ def _verdicts_block(platform: str, results_dir) -> list[str]:
 def readme_blocks(platform: str, results_dir=None) -> dict[str, str]:
     """README's generated blocks: name -> Markdown body (ending in a newline)."""
     t = Tables(platform, results_dir)
-    blocks = {"kernel-table": _kernel_block(t), "kernel-findings": _kernel_findings_block(t),
+    blocks = {"kernel-table": _kernel_block(t), "kernel-table-h100": _kernel_block(Tables("h100", results_dir)),
+              "kernel-findings": _kernel_findings_block(t),
               "versus-table": _versus_block(t), "versus-findings": _versus_findings_block(t),
               "decode-table": _decode_block(t), "end-to-end": _end_to_end_block(t),
               "convergence": _convergence_block(t),

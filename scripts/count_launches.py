@@ -44,12 +44,13 @@ os.environ["FSALAB_VALUE_CHECKS"] = "1" if "--value-checks" in sys.argv else "0"
 
 import torch
 
-from fsalab.testing import LaunchCounter, nsa_attention_calls, nsa_module_forward
+from fsalab.bench.kernel import nsa_attention_calls
+from fsalab.testing import LaunchCounter, nsa_module_forward
 
 
 def make_call(impl: str, lengths: list[int], h_kv: int, g: int, d: int, block_size: int, topk: int):
     """(fwd, bwd) zero-argument callables for impl on a random batch with a valid block_idx."""
-    from fsalab.ops.selection import selected_attention
+    from fsalab.ops.selected import selected_attention
     from fsalab.testing import cu_seqlens_of
 
     gen = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""NSA query-outer selected attention (ops/selection/nsa.py) against the fp32 reference.
+"""NSA query-outer selected attention (ops/selected/nsa.py) against the fp32 reference.
 
 Forward o and lse and gradients dq/dk/dv, bounded by 2x PyTorch's own error in the input dtype
 (reference run under native_precision). Kernel allocations are NaN-poisoned, so an element a
@@ -13,8 +13,8 @@ import functools
 import pytest
 import torch
 from fsalab.config import NSAConfig
-from fsalab.ops.selection import nsa, selected_attention
-from fsalab.ops.selection.index import build_selection_index
+from fsalab.ops.selected import nsa, selected_attention
+from fsalab.ops.selected.index import build_selection_index
 from fsalab.testing import (
     attention_and_grads,
     check_selected_attention,

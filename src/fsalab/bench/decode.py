@@ -116,7 +116,7 @@ def _sdpa(impl: str, q, k, v, causal: bool):
 def _random_cache(p: dict, device: torch.device, dtype: torch.dtype, capacity: int, gen: torch.Generator):
     """A cache of batch sequences with N cached tokens each, random contents (the step's cost
     does not depend on them; its selection comes from real scores over them)."""
-    from ..ops.decode_cache import NSADecodeCache
+    from ..ops.decode import NSADecodeCache
 
     cfg = nsa_config(p)
     cache = NSADecodeCache.allocate(p["batch"], capacity, p["h_kv"], p["d"], cfg, dtype, device,
@@ -204,7 +204,7 @@ def _check_step(p: dict, step, cache) -> dict:
     """One more step, checked: NSA against the fp32 reference step on the same cache state
     (``testing.assert_close``'s dtype floor; block_idx agreement reported), full attention for
     finite outputs."""
-    from ..ops import decode_reference
+    from ..ops.decode import reference as decode_reference
     from ..testing import assert_close
 
     out = step()

@@ -38,8 +38,8 @@ Static shapes mean every sequence writes every step; a write that must not land 
 completes no compressed token, a prefill padding row, a full sequence when value checks are off)
 goes to the scratch row instead of being filtered on the host. The step's op-by-op methods here
 (``append``, ``new_compressed``, ``write_compressed``) serve the fp32 reference step
-(``decode_reference.append_token``); the Triton step does the same in two kernels
-(``decode.append_token``), which skip the compressed-token writes that must not land. A full cache is reported before
+(``reference.append_token``); the Triton step does the same in two kernels
+(``step.append_token``), which skip the compressed-token writes that must not land. A full cache is reported before
 anything is written (ValueError on CPU, a device-side assert on CUDA; ``FSALAB_VALUE_CHECKS=0``
 skips the check and the token goes to scratch), so a rejected call corrupts nothing.
 """
@@ -50,9 +50,9 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from ..checks import KERNEL_DTYPES, MAX_HEAD_DIM, _expect, _value_checks_enabled, check_cu_seqlens, check_tensor
-from ..config import NSAConfig
-from ..varlen import compressed_cu_seqlens, compressed_index, local_positions, sequence_ids
+from ...checks import KERNEL_DTYPES, MAX_HEAD_DIM, _expect, _value_checks_enabled, check_cu_seqlens, check_tensor
+from ...config import NSAConfig
+from ...varlen import compressed_cu_seqlens, compressed_index, local_positions, sequence_ids
 
 
 @dataclass
@@ -169,7 +169,7 @@ class NSADecodeCache:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
         pe: torch.Tensor, inv_freq: torch.Tensor,
     ) -> None:
-        """The arguments of a step's ``append_token`` (ops/decode.py): q [batch, h, d] (h the
+        """The arguments of a step's ``append_token`` (``step.py``): q [batch, h, d] (h the
         cache's ``num_heads``), k, v [batch, h_kv, d] in the cache's dtype; w_k, w_v [h_kv, l*d, d],
         pe [h_kv, l, d]; inv_freq float32 [d / 2]. Host-side only: reads no device value."""
         d, h_kv, l = self.head_dim, self.num_kv_heads, self.cfg.kernel_size

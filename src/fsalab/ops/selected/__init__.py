@@ -3,7 +3,7 @@
 ``selected_attention(q, k, v, block_idx, cu_seqlens, block_size, impl=...)`` is the one entry
 point. Implementations live in their own modules and are looked up by name:
 
-- ``reference``: fp32 PyTorch (``fsalab.ops.reference``), any device.
+- ``reference``: fp32 PyTorch (``reference.py``), any device.
 - ``nsa``: NSA's query-outer Triton kernel (``nsa.py``).
 - ``fsa_paper`` / ``fsa``: FSA's KV-block-outer kernels (``fsa.py``).
 - ``auto``: the dispatcher's pick for the shape (``dispatch.py``).
@@ -31,14 +31,14 @@ from ...checks import (
     check_block_size,
 )
 
-# impl name -> (module relative to this package, function name)
+# impl name -> (module, function name), imported on first use
 IMPLS: dict[str, tuple[str, str]] = {
-    "reference": ("fsalab.ops.selection._reference", "selected_attention_reference"),
-    "nsa": ("fsalab.ops.selection.nsa", "selected_attention_nsa"),
-    "fsa_paper": ("fsalab.ops.selection.fsa", "selected_attention_fsa_paper"),
-    "fsa": ("fsalab.ops.selection.fsa", "selected_attention_fsa"),
-    "auto": ("fsalab.ops.selection.dispatch", "selected_attention_auto"),
-    "fla_nsa": ("fsalab.ops.selection.fla_nsa", "selected_attention_fla"),
+    "reference": ("fsalab.ops.selected.reference", "selected_attention_reference"),
+    "nsa": ("fsalab.ops.selected.nsa", "selected_attention_nsa"),
+    "fsa_paper": ("fsalab.ops.selected.fsa", "selected_attention_fsa_paper"),
+    "fsa": ("fsalab.ops.selected.fsa", "selected_attention_fsa"),
+    "auto": ("fsalab.ops.selected.dispatch", "selected_attention_auto"),
+    "fla_nsa": ("fsalab.ops.selected.fla_nsa", "selected_attention_fla"),
 }
 # Peer kernels (other projects' code behind fsalab's contract): benchmarked, not swapped into models.
 PEER_IMPLS = ("fla_nsa",)

@@ -23,7 +23,7 @@ partials in one pass, splitting long rows (the sink block) over several programs
 Both take q [total, h, d], k/v [total, h_kv, d] (fp16/bf16/fp32, d <= 256, h / h_kv <= 16),
 block_idx int32 [total, h_kv, topk] (local block ids, ascending, -1 padding), cu_seqlens int32
 [batch + 1], block_size a power of two >= 16 (inputs are validated by
-``selection.selected_attention``, as for the NSA kernel), and return o [total, h, d]
+``selected.selected_attention``, as for the NSA kernel), and return o [total, h, d]
 (q's dtype) and lse [total, h] (fp32, natural log; -inf for tokens with no selected block).
 Partial outputs are kept in q's dtype (normalised, so bounded by max |v|), as are the fused
 backward's dq partials (summed in fp32 by the merge); the dq partials of the paper's backward
@@ -117,7 +117,7 @@ class _Problem:
 
 
 def _prepare(q, k, v, block_idx, cu_seqlens, block_size, scale) -> _Problem:
-    # Shapes, dtypes and values are validated by selection.selected_attention (as for the NSA
+    # Shapes, dtypes and values are validated by selected.selected_attention (as for the NSA
     # kernel); only what the kernels themselves assume is checked here.
     check_kernel_call(q.device, block_size, "the FSA kernels")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[2])

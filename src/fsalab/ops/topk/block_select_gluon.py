@@ -31,7 +31,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from ._triton import LOG2E_C, interpreting, search_steps
+from .._triton import LOG2E_C, interpreting, search_steps
 from .select_common import KEY_NONE, block_key, chunk_ranges, forced_score, key_bits, key_block, sequence_tile
 
 _SMEM_BUDGET = 227 * 1024  # bytes of shared memory an sm_90 block may use
@@ -97,7 +97,7 @@ def _reverse(x, ROWS: gl.constexpr, N: gl.constexpr, LOG: gl.constexpr):
 def _merge_run(run, cand, ROWS: gl.constexpr, N: gl.constexpr, LOG: gl.constexpr):
     """The N largest of run (ascending) and cand, ascending: cand sorted ascending (a bitonic sort),
     reversed and met element-wise with the run (a bitonic row holding the top N), then merged (log2 N
-    compare-exchange passes), as ``block_select._merge_topk`` does with ``tl.topk``."""
+    compare-exchange passes), as ``select_common.merge_topk`` does with ``tl.topk``."""
     for lk in gl.static_range(1, LOG + 1):
         cand = _flip_cx(cand, lk, ROWS, N)
         for i in gl.static_range(lk - 1):
@@ -246,7 +246,7 @@ def select_kernel(
     nvis_row = gl.where(pos_r >= L - 1, (pos_r - (L - 1)) // S + 1, 0)
 
     col = gl.arange(0, T_P, layout=gl.SliceLayout(0, KEY))
-    run = (col[None, :] - 2 - T_P) + gl.zeros([BLOCK_T, T_P], gl.int32, KEY)  # block_select._empty_run
+    run = (col[None, :] - 2 - T_P) + gl.zeros([BLOCK_T, T_P], gl.int32, KEY)  # select_common.empty_run
     carry = gl.zeros([BLOCK_T], gl.float32, gl.SliceLayout(1, KEY))
 
     # The chunk ranges of the Triton kernel: masked, unmasked (seen whole by every row, nothing
@@ -269,7 +269,7 @@ def select_kernel(
                             qk_scale, t_ok, own, kb, t_row, nvis_row, G, BLOCK_T, BB, R, MP, D, INIT, LOCAL, T_P,
                             LOG, LD, MMA, ROW, KEY, True, PREFETCH)
 
-    # The rows' top TOPK blocks, ascending by block, -1 after (block_select._store_ascending).
+    # The rows' top TOPK blocks, ascending by block, -1 after (select_common.store_ascending).
     L3: gl.constexpr = gl.BlockedLayout([1, T_P, T_P], [32, 1, 1], [4, 1, 1], [2, 1, 0])
     chosen = (col[None, :] >= T_P - TOPK) & (run >= 0)
     blocks = gl.where(chosen, key_block(run, kb), 0x7FFFFFFF)

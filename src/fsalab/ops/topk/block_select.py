@@ -11,7 +11,7 @@ the chunk into a running top-T held in registers. Candidates are int32 keys (``b
 score rounded to 26 - KB mantissa bits, then ~block in KB bits, KB = the bit length of the
 token's own block), unique, so "larger key" is "larger score, then lower block" (the reference's
 stable tie rule, with scores closer than the rounding counted as tied); the merge is branch-free
-(``_merge_topk``). The chunks that every row of the tile sees whole and that hold no forced or
+(``merge_topk``). The chunks that every row of the tile sees whole and that hold no forced or
 future block run the loop body without its masks (``_merge_chunk``). Nothing of size N x N/s or
 N x N/B is ever stored: memory is the [total, h_kv, T] output. On an sm_90 GPU ``select_blocks``
 runs the Gluon kernel of ``block_select_gluon`` instead where it is preferred (same keys, the
@@ -26,20 +26,30 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_attention_inputs, check_tensor
-from ..config import NSAConfig
-from ..varlen import compressed_capacity
-from ._triton import LOG2E as _LOG2E
-from ._triton import LOG2E_C
-from ._triton import autotune as _autotune
-from ._triton import cdiv as _cdiv
-from ._triton import dot_precision as _dot_precision
-from ._triton import interpreter_meta as _meta
-from ._triton import next_pow2 as _next_pow2
-from ._triton import search_steps as _search_steps
-from ._triton import tile_config as _tile_config
-from ._triton import unit_last_stride as _unit_last_stride
-from .select_common import KEY_NONE, block_key, chunk_ranges, forced_score, key_bits, key_block, sequence_tile
+from ...checks import check_attention_inputs, check_tensor
+from ...config import NSAConfig
+from ...varlen import compressed_capacity
+from .._triton import LOG2E as _LOG2E
+from .._triton import LOG2E_C
+from .._triton import autotune as _autotune
+from .._triton import cdiv as _cdiv
+from .._triton import dot_precision as _dot_precision
+from .._triton import interpreter_meta as _meta
+from .._triton import next_pow2 as _next_pow2
+from .._triton import search_steps as _search_steps
+from .._triton import tile_config as _tile_config
+from .._triton import unit_last_stride as _unit_last_stride
+from .select_common import (
+    KEY_NONE,
+    block_key,
+    chunk_ranges,
+    empty_run,
+    forced_score,
+    key_bits,
+    merge_topk,
+    sequence_tile,
+    store_ascending,
+)
 
 try:  # the Gluon kernel for Hopper (block_select_gluon); Triton builds without Gluon use the Triton one
     from . import block_select_gluon as _gluon_kernel
@@ -48,44 +58,6 @@ except ImportError:
 
 
 _SELECT_CONFIGS = [_tile_config(4, 2, BLOCK_M=64), _tile_config(8, 2, BLOCK_M=128)]
-
-
-@triton.jit
-def _store_ascending(out, run, kb, ok, TOPK: tl.constexpr, T_P: tl.constexpr):
-    """Rows' top TOPK blocks from their ascending key runs (run [rows, T_P], the top TOPK in the
-    last columns, empty slots negative) to out [rows, 1] + [0, TOPK), ascending by block, -1
-    after: a chosen block goes to slot (number of chosen blocks below it). Rows where ok is
-    False are not written."""
-    col = tl.arange(0, T_P)
-    chosen = (col[None, :] >= T_P - TOPK) & (run >= 0)
-    blocks = tl.where(chosen, key_block(run, kb), 0x7FFFFFFF)
-    rank = tl.sum((blocks[:, None, :] < blocks[:, :, None]).to(tl.int32), axis=2)
-    n_chosen = tl.sum(chosen.to(tl.int32), axis=1)
-    tl.store(out + rank, blocks, mask=ok & chosen)
-    pad = (col[None, :] >= n_chosen[:, None]) & (col[None, :] < TOPK)
-    tl.store(out + col[None, :], tl.zeros_like(run) - 1, mask=ok & pad)
-
-
-@triton.jit
-def _empty_run(ROWS: tl.constexpr, T_P: tl.constexpr):
-    """[ROWS, T_P] ascending run of T_P distinct negative keys (empty slots, above KEY_NONE)."""
-    col = tl.arange(0, T_P)
-    return (col[None, :] - 2 - T_P) + tl.zeros([ROWS, T_P], dtype=tl.int32)
-
-
-@triton.jit
-def _merge_topk(run, cand, T_P: tl.constexpr):
-    """The T_P largest of run [rows, T_P] (ascending) and candidate keys [rows, BB], ascending.
-
-    Branch-free, so a tile costs the same whatever its scores: the candidates' top T_P, sorted
-    descending (``tl.topk``: a bitonic sort, or a bitonic top-k when BB > T_P), meet the ascending
-    run element-wise; the larger of each pair form a bitonic row that holds the top T_P, which
-    one bitonic merge sorts (``tl.bitonic_merge``: log2 T_P compare-exchange passes, where a
-    second ``tl.sort`` took 1 + 2 + ... + log2 T_P). (A data-dependent insertion loop was
-    1.5-1.8x slower on the H200, a hand-written bitonic merge of reshapes and permutes for the
-    second sort 1.3-1.9x: docs/perf-log.md.)
-    """
-    return tl.bitonic_merge(tl.maximum(run, tl.topk(cand, T_P)))
 
 
 @triton.jit
@@ -143,7 +115,7 @@ def _merge_chunk(ch, run, carry, q, lse2, q_lo, lse2_lo, kc_ptr, c_start, n_cmp,
         key = tl.where(t_ok[:, None] & (blk <= own[:, None]), block_key(score, blk, kb), KEY_NONE)
     else:
         key = block_key(score, blk, kb)
-    return _merge_topk(run, key, T_P), carry
+    return merge_topk(run, key, T_P), carry
 
 
 def _prune_select(configs, named_args, **kwargs):
@@ -155,7 +127,7 @@ def _prune_select(configs, named_args, **kwargs):
 
 def _chunk_blocks(t_pad: int, r: int) -> int:
     """BB, the blocks one iteration of the score loop covers: at least T_P (a chunk's candidates
-    are cut to their top T_P before the merge, ``_merge_topk``) and 16 compressed tokens
+    are cut to their top T_P before the merge, ``merge_topk``) and 16 compressed tokens
     (BB * r >= 16, the MMA's smallest N); r = block_size / kernel_stride. Both powers of two.
     The smallest such width is the fastest: 2x and 4x took 1.17-3.35x the time at 64K on the
     H200 (results/h200/checks/ab-select-bb/)."""
@@ -214,7 +186,7 @@ def _select_kernel(
     w_spill = tl.maximum(i + MP - R, 0).to(tl.float32)  # ... inside block b+1
     bb = tl.arange(0, BB)
     prev = tl.maximum(bb - 1, 0)[None, :] + tl.zeros([BLOCK_T, BB], dtype=tl.int32)
-    run = _empty_run(BLOCK_T, T_P)  # ascending; its last TOPK columns are the top TOPK
+    run = empty_run(BLOCK_T, T_P)  # ascending; its last TOPK columns are the top TOPK
 
     carry = tl.zeros([BLOCK_T], dtype=tl.float32)
     # Chunks that every row of the tile sees whole, holding neither a forced nor a future block,
@@ -234,7 +206,7 @@ def _select_kernel(
                                   d_ok, qk_scale, t_ok, n_vis, own, kb, w_own, w_spill, bb, prev,
                                   G_HI, G_LO_P, BLOCK_T, BB, R, INIT, LOCAL, T_P, DOT_PREC, True)
 
-    _store_ascending(out_ptr + (start + pos).to(tl.int64)[:, None] * s_ot + kvh * s_oh, run, kb, t_ok[:, None],
+    store_ascending(out_ptr + (start + pos).to(tl.int64)[:, None] * s_ot + kvh * s_oh, run, kb, t_ok[:, None],
                      TOPK, T_P)
 
 
@@ -257,7 +229,7 @@ def select_blocks(
     heads of a group in fp32 and mapped to blocks with the overlap weights; blocks < init_blocks
     and the local_blocks blocks ending at the own block are forced, later blocks never chosen,
     ties go to the lower block. Rows ascending, valid first, -1 padding. Same as
-    ``reference.select_blocks`` up to fp32 summation order and the keys' rounding (scores within
+    ``reference.select_blocks`` (beside it) up to fp32 summation order and the keys' rounding (scores within
     2^-(26 - KB) relative tie, ``block_key``; near-ties may order differently).
 
     kernel: ``"auto"`` (the Gluon kernel of ``block_select_gluon`` where it is preferred, else
@@ -290,7 +262,7 @@ def select_blocks(
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
     if kernel == "gluon" and not (_gluon_kernel is not None and _gluon_kernel.runs(q, g, cfg, t_pad, bb)):
         raise ValueError("kernel='gluon' needs an sm_90 GPU, fp16/bf16, d in {64, 128, 256}, chunks of exactly T_P "
-                         "blocks and the group's q tiles in shared memory (ops/block_select_gluon.runs)")
+                         "blocks and the group's q tiles in shared memory (block_select_gluon.runs)")
     if kernel == "gluon" or (kernel == "auto" and _gluon_kernel is not None
                              and _gluon_kernel.preferred(q, g, cfg, t_pad, bb)):
         _gluon_kernel.launch(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, out, cfg, g, t_pad, bb, scale * _LOG2E)

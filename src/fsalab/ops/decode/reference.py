@@ -1,4 +1,4 @@
-"""fp32 PyTorch reference of an NSA decode step (DESIGN §9); the source of truth for ``ops/decode.py``.
+"""fp32 PyTorch reference of an NSA decode step (DESIGN §9); the source of truth for ``step.py``.
 
 One new token per sequence of an ``NSADecodeCache``: ``append_token`` rotates and appends it (and
 the compressed token it completes) op by op; ``nsa_decode`` attends with it (already appended:
@@ -13,9 +13,11 @@ import math
 
 import torch
 
-from ..config import NSAConfig
-from .decode_cache import NSADecodeCache, compression_window
-from .reference import _compute_dtype, _finite_values, _softmax_attend, gated_sum, ranked_scores
+from ...config import NSAConfig
+from ..gate.reference import gated_sum
+from ..reference_common import compute_dtype, finite_values, softmax_attend
+from ..topk.reference import ranked_scores
+from .cache import NSADecodeCache, compression_window
 
 
 def compress_step(
@@ -25,7 +27,7 @@ def compress_step(
     (k_cmp, v_cmp) [batch, h_kv, d] in the cache dtype; meaningful where the cache's
     ``new_compressed`` says a token is completed. w_k, w_v [h_kv, l*d, d]; pe [h_kv, l, d]."""
     k_win, v_win = compression_window(cache)  # [batch, l, h_kv, d]
-    dt = _compute_dtype(k_win)
+    dt = compute_dtype(k_win)
     batch, l, h_kv, d = k_win.shape
     # k + pe rounds once to the cache dtype, as prefill's compression does.
     k_win = (k_win.to(dt) + pe.to(dt).transpose(0, 1)).to(k_win.dtype).to(dt)
@@ -38,7 +40,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, atten
     """RoPE (rotate-half) of x [tokens, heads, d] at int positions [tokens], computed in fp32 (fp64
     for fp64 x) from the fp32 angles position · inv_freq and rounded once to x's dtype: the
     decode kernels' rounding (``modules.rope.apply_rope``, like HF, rounds cos/sin first)."""
-    dt = _compute_dtype(x)
+    dt = compute_dtype(x)
     angles = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]
     cos = (torch.cos(angles.to(dt)) * attention_scaling)[:, None, :]
     sin = (torch.sin(angles.to(dt)) * attention_scaling)[:, None, :]
@@ -96,7 +98,7 @@ def nsa_decode(
     -1 padding), causal (selected branch); keys (t - w, t] (window branch). Gated sum of the three.
     """
     cfg = cache.cfg
-    dt = _compute_dtype(q)
+    dt = compute_dtype(q)
     batch, h, d = q.shape
     h_kv = cache.num_kv_heads
     g = h // h_kv
@@ -109,10 +111,10 @@ def nsa_decode(
     # Compressed branch: tokens j < n_cmp (the query at t = n - 1 sees j iff t >= j*s + l - 1).
     rows = cache.k_cmp.shape[1] - 1  # the scratch row is never read
     k_c = cache.k_cmp[:, :rows].to(dt).transpose(1, 2)  # [batch, h_kv, rows, d]
-    v_c, bad_c = _finite_values(cache.v_cmp[:, :rows].to(dt).transpose(1, 2))
+    v_c, bad_c = finite_values(cache.v_cmp[:, :rows].to(dt).transpose(1, 2))
     n_cmp = torch.where(n >= l, (n - l) // s + 1, torch.zeros_like(n))
     vis_c = torch.arange(rows, device=dev)[None, :] < n_cmp[:, None]  # [batch, rows]
-    o_cmp, lse_cmp = _softmax_attend(qg, k_c, v_c, bad_c, vis_c[:, None, None, :], scale)
+    o_cmp, lse_cmp = softmax_attend(qg, k_c, v_c, bad_c, vis_c[:, None, None, :], scale)
 
     # Block scores and top-T.
     cap = cache.capacity
@@ -131,15 +133,15 @@ def nsa_decode(
 
     # Selected and window branches over the raw cache (the scratch row is never read).
     k_r = cache.k[:, :cap].to(dt).transpose(1, 2)  # [batch, h_kv, cap, d]
-    v_r, bad_r = _finite_values(cache.v[:, :cap].to(dt).transpose(1, 2))
+    v_r, bad_r = finite_values(cache.v[:, :cap].to(dt).transpose(1, 2))
     key = torch.arange(cap, device=dev)
     causal = key[None, :] < n[:, None]  # [batch, cap]
     in_sel = torch.zeros(batch, h_kv, nb + 1, dtype=torch.bool, device=dev)
     in_sel.scatter_(-1, torch.where(block_idx >= 0, block_idx.long(), nb), True)
     sel = in_sel[..., key // bs] & causal[:, None, :]  # [batch, h_kv, cap]
-    o_slc, _ = _softmax_attend(qg, k_r, v_r, bad_r, sel[:, :, None, :], scale)
+    o_slc, _ = softmax_attend(qg, k_r, v_r, bad_r, sel[:, :, None, :], scale)
     win = causal & (key[None, :] >= n[:, None] - cfg.window_size)
-    o_win, _ = _softmax_attend(qg, k_r, v_r, bad_r, win[:, None, None, :], scale)
+    o_win, _ = softmax_attend(qg, k_r, v_r, bad_r, win[:, None, None, :], scale)
 
     shape = (batch, h, d)
     o = gated_sum(o_cmp.reshape(shape), o_slc.reshape(shape), o_win.reshape(shape), gate_logits.to(dt))

@@ -11,7 +11,7 @@ Layout: fla takes q [B, T, HQ, K], k/v [B, T, H, K], block_indices [B, T, H, S] 
 sequences, B = 1 plus cu_seqlens. fsalab's packed q/k/v are that with B = 1 (views, no copy).
 Block ids are local to each sequence in both (fla offsets k/v by the sequence start).
 
-Semantics match fsalab's (checked against ``fsalab.ops.reference`` in tests/test_peers.py): fla
+Semantics match fsalab's (checked against ``fsalab.ops.selected.reference`` in tests/test_peers.py): fla
 skips negative ids (fsalab's -1 padding), masks keys after the token (so inside its own block the
 token sees keys <= t) and keys past the sequence end, and takes the selection as a set.
 

@@ -33,7 +33,7 @@ from ...checks import check_kernel_call
 from .index import build_selection_index
 
 CANDIDATES = ("fsa", "nsa")
-_MODULES = {"fsa": "fsalab.ops.selection.fsa", "nsa": "fsalab.ops.selection.nsa"}
+_MODULES = {"fsa": "fsalab.ops.selected.fsa", "nsa": "fsalab.ops.selected.nsa"}
 # Without profiling (CPU, or FSALAB_DISPATCH=rules), from the H200 grid (results/h200/kernel.csv,
 # docs/perf-log.md): FSA's forward is fastest or tied at every g up to 16; FSA's backward wins
 # up to g = 8 (64K, g = 8: 19.1 ms against NSA's 27.8 since its q-dtype dq partials and 64-row
@@ -207,7 +207,7 @@ def choose(q, k, v, block_idx, cu_seqlens, block_size, scale=None) -> tuple[str,
 
 def selected_attention_auto(q, k, v, block_idx, cu_seqlens, block_size, scale=None):
     """Selected attention with the profiled (or rule-based) forward and backward kernels; same
-    contract as ``selection.selected_attention`` (inputs validated there)."""
+    contract as ``selected.selected_attention`` (inputs validated there)."""
     check_kernel_call(q.device, block_size, "the selected-attention kernels")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     q, k, v, block_idx, cu_seqlens = (t.contiguous() for t in (q, k, v, block_idx, cu_seqlens))

@@ -24,22 +24,22 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import (
+from ...checks import (
     KERNEL_DTYPES,
     MAX_HEAD_DIM,
     check_cu_seqlens,
     check_tensor,
 )
-from ..config import NSAConfig
-from ..varlen import compressed_capacity
-from ._triton import autotune as _autotune
-from ._triton import cdiv as _cdiv
-from ._triton import dot_precision as _dot_precision
-from ._triton import interpreter_meta as _meta
-from ._triton import next_pow2 as _next_pow2
-from ._triton import search_steps as _search_steps
-from ._triton import tile_config as _tile_config
-from ._triton import unit_last_stride as _unit_last_stride
+from ...config import NSAConfig
+from ...varlen import compressed_capacity
+from .._triton import autotune as _autotune
+from .._triton import cdiv as _cdiv
+from .._triton import dot_precision as _dot_precision
+from .._triton import interpreter_meta as _meta
+from .._triton import next_pow2 as _next_pow2
+from .._triton import search_steps as _search_steps
+from .._triton import tile_config as _tile_config
+from .._triton import unit_last_stride as _unit_last_stride
 
 
 @triton.jit

@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check_tensor
-from ._triton import cdiv, next_pow2
+from ...checks import check_tensor
+from .._triton import cdiv, next_pow2
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # Rows of [total * h, d] per program: ~4K elements per tensor, whatever d is.

@@ -511,7 +511,7 @@ def selected_attention_nsa(
     block_idx int32 [total, h_kv, topk], cu_seqlens int32 [batch + 1], block_size a power of two
     >= 16. ``index`` is an already built ``build_selection_index(block_idx, cu_seqlens,
     block_size)`` to reuse in backward (built there otherwise). Inputs are validated by
-    ``selection.selected_attention``. Returns o [total, h, d] in q.dtype and lse [total, h] fp32.
+    ``selected.selected_attention``. Returns o [total, h, d] in q.dtype and lse [total, h] fp32.
     """
     check_kernel_call(q.device, block_size, "the NSA kernels")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])

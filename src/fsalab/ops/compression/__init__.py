@@ -1,21 +1,20 @@
-"""Compression branch of NSA (DESIGN §4 steps 1–3), the ops the module picks by name.
+"""Compression branch of NSA (DESIGN §4 steps 1–2): the Triton ops the module calls.
 
-``compress_kv`` (linear compression of each window of l keys/values, ``ops/compress_kv.py``),
-``compressed_attention`` (the generic FlashAttention kernels of ``ops/flash.py`` with the
-"compressed" mask) and ``select_blocks`` (top-T selection blocks from the compressed scores,
-``ops/block_select.py``): the Triton counterparts of ``ops/reference.py``'s functions of the
-same names, with the same signatures.
+``compress_kv`` (linear compression of each window of l keys/values, ``compress_kv.py``) and
+``compressed_attention`` (the shared FlashAttention kernels of ``ops/flash.py`` with the
+"compressed" mask): the counterparts of ``reference.py``'s functions of the same names, with the
+same signatures. The top-T selection that ranks blocks from the compressed attention is
+``ops/topk``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..config import NSAConfig
-from .block_select import select_blocks
+from ...config import NSAConfig
 from .compress_kv import compress_kv, compressed_offsets
 
-__all__ = ["compress_kv", "compressed_attention", "compressed_offsets", "select_blocks"]
+__all__ = ["compress_kv", "compressed_attention", "compressed_offsets"]
 
 
 def compressed_attention(
@@ -35,7 +34,7 @@ def compressed_attention(
     compressed j iff t >= j * kernel_stride + kernel_size - 1. Returns o [total, h, d] in q.dtype
     and lse [total, h] fp32 (natural log); queries that see nothing give o = 0, lse = -inf.
     """
-    from .flash import flash_attention
+    from ..flash import flash_attention
 
     if not isinstance(cfg, NSAConfig):
         raise TypeError(f"cfg must be an NSAConfig, got {type(cfg).__name__}")

@@ -1,6 +1,6 @@
 """NSA decode step in Triton (DESIGN §9): one new token per sequence over an ``NSADecodeCache``.
 
-The fp32 reference is ``ops/decode_reference.py`` (same function names and signatures).
+The fp32 reference is ``reference.py`` beside it (same function names and signatures).
 
 A step is seven launches with static grids (a fixed batch and capacity give the same launches
 whatever the lengths, which live on device: CUDA-graph capturable, no host sync). Two do the
@@ -33,7 +33,7 @@ The attention is five:
    compressed keys are read once per step, by step 1): p = exp2(s − lse_cmp) summed over the
    group's heads in fp32 (lse_cmp merged from step 1's partials), mapped onto blocks with the
    overlap weights, forced / causal rules of prefill; each program keeps the top-T of its range
-   of blocks (``block_select._merge_topk``). Step 1 stores a [g, BLOCK_N] tile of logits per
+   of blocks (``select_common.merge_topk``). Step 1 stores a [g, BLOCK_N] tile of logits per
    iteration (64 tokens), step 2 loads [g, BB·R] tiles: both run along rows of ``cmp_logits``,
    whose tokens are contiguous.
 3. ``_topk_kernel`` (batch · h_kv): merges the S_s partial top-T lists into block_idx
@@ -56,40 +56,23 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
-from types import ModuleType
 
 import torch
 import triton
 import triton.language as tl
 
-from ..checks import KERNEL_DTYPES, MAX_GROUP, check_kernel_call, check_tensor
-from .block_select import _empty_run, _merge_topk, _store_ascending
-from .select_common import KEY_NONE, block_key, forced_score, key_bits
-from .decode_cache import NSADecodeCache
-from ._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, cdiv, dot_precision, next_pow2, unit_last_stride
+from ...checks import KERNEL_DTYPES, MAX_GROUP, check_kernel_call, check_tensor
+from .._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, cdiv, dot_precision, next_pow2, unit_last_stride
+from ..topk.select_common import KEY_NONE, block_key, empty_run, forced_score, key_bits, merge_topk, store_ascending
+from .cache import NSADecodeCache
 
-DECODE_IMPLS = ("reference", "triton", "auto")
-
-# Split counts, when the batch cannot fill the GPU (H200, batch 1, 32K-256K, g = 1 and 4; the
-# A/B in docs/perf-log.md, "Decode step: split counts and the score kernel's warps"): about 8
-# programs per SM (2, 4, 8 and 16 timed); compressed-attention ranges of at least 128 tokens (two
+# Split counts, when the batch cannot fill the GPU: about 8 programs per SM (2, 4, 8 and 16
+# timed; docs/performance.md, "Decode"); compressed-attention ranges of at least 128 tokens (two
 # 64-key tiles: 64-token ranges lost at 64K, g = 4); window ranges of at least 64 keys.
 _PROGRAMS_PER_SM = 8
 _MIN_CMP_RANGE = 128
 _MIN_WINDOW_RANGE = 64
 _MAX_SPLITS = 128
-
-
-def decode_ops(impl: str, device: torch.device) -> ModuleType:
-    """The module providing ``append_token`` and ``nsa_decode`` for ``impl`` on ``device``."""
-    if impl not in DECODE_IMPLS:
-        raise ValueError(f"decode impl must be one of {DECODE_IMPLS}, got {impl!r}")
-    if impl == "reference" or (impl == "auto" and device.type != "cuda"):
-        from . import decode_reference
-
-        return decode_reference
-    return sys.modules[__name__]
 
 
 @functools.cache
@@ -385,7 +368,7 @@ def _score_kernel(
     blo = sp * per
     bhi = tl.minimum(blo + per, n_blocks)
     col = tl.arange(0, T_P)
-    run = _empty_run(1, T_P)
+    run = empty_run(1, T_P)
     kb = key_bits(own)
     jo = tl.arange(0, JT)
     bb = tl.arange(0, BB)
@@ -406,7 +389,7 @@ def _score_kernel(
         score = tl.sum(ps[:, None] * w, 0)
         score = forced_score(score, blk, own, INIT, LOCAL)
         key = tl.where((blk < bhi) & (bb < BB - 1), block_key(score, blk, kb), KEY_NONE)
-        run = _merge_topk(run, key[None, :], T_P)
+        run = merge_topk(run, key[None, :], T_P)
     out = keys_ptr + ((b * n_kv_heads + kvh) * n_splits + sp).to(tl.int64) * T_P
     tl.store(out + col[None, :], run)
 
@@ -419,8 +402,8 @@ def _topk_kernel(keys_ptr, len_ptr, idx_ptr, n_kv_heads, n_splits, BS: tl.conste
     kb = key_bits((tl.load(len_ptr + pid // n_kv_heads) - 1) // BS)
     i = tl.arange(0, NK)
     cand = tl.load(keys_ptr + pid.to(tl.int64) * n_splits * T_P + i, mask=i < n_splits * T_P, other=KEY_NONE)
-    run = _merge_topk(_empty_run(1, T_P), cand[None, :], T_P)
-    _store_ascending(idx_ptr + pid.to(tl.int64) * TOPK + tl.zeros([1, 1], dtype=tl.int64), run, kb,
+    run = merge_topk(empty_run(1, T_P), cand[None, :], T_P)
+    store_ascending(idx_ptr + pid.to(tl.int64) * TOPK + tl.zeros([1, 1], dtype=tl.int64), run, kb,
                      tl.full([1, 1], 1, dtype=tl.int1), TOPK, T_P)
 
 
@@ -508,7 +491,7 @@ def append_token(
     and both stored (``_compress_step_kernel``). RoPE: cos/sin of position · inv_freq (float32
     [d/2], HF's ``rotary_emb.inv_freq``) in fp32, times ``attention_scaling``, applied in fp32
     and rounded once (HF rounds cos/sin to the activation dtype first: the two differ by the
-    dtype's rounding). Semantics: ``decode_reference.append_token``. Call ``cache.check_step``
+    dtype's rounding). Semantics: ``reference.append_token``. Call ``cache.check_step``
     first (the module's decode does).
     """
     cfg, d, h_kv = cache.cfg, cache.head_dim, cache.num_kv_heads
@@ -550,7 +533,7 @@ def nsa_decode(
 
     q [batch, h, d] after RoPE, in the cache's dtype and device; gate_logits [batch, h, 3]. The
     new token is already appended (``lengths`` counts it). ``splits`` = (S_c, S_s, S_w) overrides
-    ``decode_splits`` (tests). Semantics: ``decode_reference.nsa_decode``.
+    ``decode_splits`` (tests). Semantics: ``reference.nsa_decode``.
     """
     cfg = cache.cfg
     check_kernel_call(cache.device, cfg.block_size, "the decode kernels")

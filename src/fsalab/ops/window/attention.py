@@ -18,9 +18,9 @@ import functools
 
 import torch
 
-from ..checks import KERNEL_DTYPES, check_attention_inputs
-from .flash import flash_attention
-from .impls import WINDOW_IMPLS
+from ...checks import KERNEL_DTYPES, check_attention_inputs
+from ..flash import flash_attention
+from ..impls import WINDOW_IMPLS
 
 BACKENDS = tuple(i for i in WINDOW_IMPLS if i != "reference")
 

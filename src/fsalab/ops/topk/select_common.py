@@ -1,6 +1,7 @@
-"""What NSA's block-selection kernels share: the ranking keys (also decode's, ``decode``) and the
-prefill kernels' tile geometry (``block_select``'s Triton kernel and ``block_select_gluon``'s
-Gluon one, which calls these ``@triton.jit`` helpers as well).
+"""What NSA's block-selection kernels share: the ranking keys and the running top-T (also the
+decode step's, ``ops/decode/step.py``) and the prefill kernels' tile geometry
+(``block_select``'s Triton kernel and ``block_select_gluon``'s Gluon one, which calls these
+``@triton.jit`` helpers as well).
 
 Keys: a block's score and index packed into one int32, so that "larger key" is "larger score,
 then lower block" and a top-T is a top-T of integers; forced blocks rank on top (+inf score).
@@ -90,3 +91,40 @@ def chunk_ranges(t0, n, BLOCK_T: tl.constexpr, BS: tl.constexpr, BB: tl.constexp
     bulk_end = tl.maximum(head_end, tl.minimum(tl.minimum(n_vis0 // BLOCK_C, tl.maximum(own0 - LOCAL + 1, 0) // BB),
                                                n_chunks))
     return head_end, bulk_end, n_chunks
+
+
+@triton.jit
+def store_ascending(out, run, kb, ok, TOPK: tl.constexpr, T_P: tl.constexpr):
+    """Rows' top TOPK blocks from their ascending key runs (run [rows, T_P], the top TOPK in the
+    last columns, empty slots negative) to out [rows, 1] + [0, TOPK), ascending by block, -1
+    after: a chosen block goes to slot (number of chosen blocks below it). Rows where ok is
+    False are not written."""
+    col = tl.arange(0, T_P)
+    chosen = (col[None, :] >= T_P - TOPK) & (run >= 0)
+    blocks = tl.where(chosen, key_block(run, kb), 0x7FFFFFFF)
+    rank = tl.sum((blocks[:, None, :] < blocks[:, :, None]).to(tl.int32), axis=2)
+    n_chosen = tl.sum(chosen.to(tl.int32), axis=1)
+    tl.store(out + rank, blocks, mask=ok & chosen)
+    pad = (col[None, :] >= n_chosen[:, None]) & (col[None, :] < TOPK)
+    tl.store(out + col[None, :], tl.zeros_like(run) - 1, mask=ok & pad)
+
+
+@triton.jit
+def empty_run(ROWS: tl.constexpr, T_P: tl.constexpr):
+    """[ROWS, T_P] ascending run of T_P distinct negative keys (empty slots, above KEY_NONE)."""
+    col = tl.arange(0, T_P)
+    return (col[None, :] - 2 - T_P) + tl.zeros([ROWS, T_P], dtype=tl.int32)
+
+
+@triton.jit
+def merge_topk(run, cand, T_P: tl.constexpr):
+    """The T_P largest of run [rows, T_P] (ascending) and candidate keys [rows, BB], ascending.
+
+    Branch-free, so a tile costs the same whatever its scores: the candidates' top T_P, sorted
+    descending (``tl.topk``: a bitonic sort, or a bitonic top-k when BB > T_P), meet the ascending
+    run element-wise; the larger of each pair form a bitonic row that holds the top T_P, which
+    one bitonic merge sorts (``tl.bitonic_merge``: log2 T_P compare-exchange passes, where a
+    second ``tl.sort`` took 1 + 2 + ... + log2 T_P). A data-dependent insertion loop and a
+    hand-written bitonic merge of reshapes and permutes were both slower (docs/performance.md).
+    """
+    return tl.bitonic_merge(tl.maximum(run, tl.topk(cand, T_P)))

@@ -1,8 +1,8 @@
 """Count the device kernels one selected-attention call launches, on CPU (no GPU needed).
 
 A short call is launch-bound when the host needs longer to enqueue its kernels than the GPU
-needs to run them (results/h200/checks/profile_launch.log: 79 launches, 2.6 ms of host time for
-0.35 ms of kernels at 8K tokens), so the number of launches is what this script tracks. It runs
+needs to run them (docs/performance.md, "Whole NSA attention": tens of microseconds of host time
+a launch), so the number of launches is what this script tracks. It runs
 the call through the Triton interpreter (TRITON_INTERPRET=1, set here) under
 ``fsalab.testing.LaunchCounter``, which counts
 

@@ -20,14 +20,14 @@ own ptxas and cuobjdump do the work. Kernels:
 A count, not a timing: it says where the loop's instructions go and how a variant changes them
 (``--source`` builds another version of the kernel's module, ``--replace`` edits the source
 first, e.g. to take a part out and see its share); whether the kernel is issue-bound is for the
-device to tell (docs/perf-log.md, Open).
+device to tell.
 
     python scripts/sass_loop_count.py [--kernel select|select_gluon|fsa_partial|fsa_dkdv] [--source FILE]
         [--function NAME] [--const NAME=VALUE ...] [--rows N] [--loops K] [--same-as FILE]
         [--replace OLD NEW ...] [--config G,BLOCK_M,WARPS[,STAGES] ...]
 
 ``--function`` builds another kernel of the (``--source``) module with the same arguments plus
-the constexprs ``--const`` adds (a variant kernel of an A/B under results/h200/checks/);
+the constexprs ``--const`` adds (a variant kernel written for an A/B);
 ``--rows`` overrides the tile rows the per-row count divides by; ``--loops K`` reports the K
 largest loops (a variant with two tile loops); ``--same-as FILE`` says whether each config's
 whole SASS equals that of FILE's version of the module (``--const`` picks the variant, e.g.

@@ -1,6 +1,6 @@
 """Kernel launches per selected-attention call, and per whole NSA attention call, stay few:
-short calls are bound by the host's time to enqueue them (results/h200/checks/profile_launch.log,
-scripts/count_launches.py).
+short calls are bound by the host's time to enqueue them (docs/performance.md, "Whole NSA
+attention"; scripts/count_launches.py).
 
 The bounds are the counts after the planning was fused into a few Triton kernels (before: fsa
 forward 61 aten ops + 2 Triton launches, backward 21 + 4; NSA backward 60 + 3). torch.sort

@@ -1,4 +1,4 @@
-"""scripts/sass_loop_count.py, whose counts docs/perf-log.md cites, still builds the select
+"""scripts/sass_loop_count.py, whose counts docs/performance.md cites, still builds the select
 kernel and FSA's forward and backward tile kernels for sm_90a on CPU, finds their main loops and
 refuses an edit it cannot place; the select kernel's 128-row, 8-warp tile at g = 4 (the GPU's
 config there) spills nothing; and the Gluon select kernel at g = 2, 5 and 8 spills nothing and asks
@@ -94,7 +94,7 @@ def test_same_as_tells_an_equal_kernel_from_a_changed_one(tmp_path):
 
 @pytest.mark.parametrize("d, block_r", [(128, 64), (256, 32)])
 def test_ptxas_report_dpe_builds_without_spills(d, block_r):
-    """scripts/ptxas_report.py (the perf-log's register counts of kernels sass_loop_count has no
+    """scripts/ptxas_report.py (register counts of kernels sass_loop_count has no
     plan for) builds compress_kv's dpe kernel at the row tile its launch picks, min(64, 8192 / d),
     with the launcher's stride hints, and it spills nothing."""
     pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its NVIDIA backend")

@@ -121,7 +121,7 @@ def test_nsa_split_segments(monkeypatch, seed, gen, device):
 
 
 def test_nsa_prefetch_ablation(monkeypatch, seed, gen, device):
-    """prefetch=False, the ablation of docs/perf-log-nsa.md, gives bit-identical results."""
+    """prefetch=False, the ablation of the index prefetch (docs/performance.md), gives bit-identical results."""
     monkeypatch.setattr(nsa, "_segment_entries", lambda g: 7)
     g, h_kv, block_size, scale = 3, 2, 16, 0.125
     batch = make_batch([40, 37], g * h_kv, h_kv, 64, dtype=torch.float16, device=device, seed=seed)

@@ -59,7 +59,7 @@ def rules_lines() -> list[str]:
         "'H20, H200'). 'decoded' values were read off the paper's figure labels. max/mean rows cover",
         "the measured points ('points'); the paper's cover its own panels. commits: the `git_commit`",
         "field of the rows behind ours, as the rows give it (a row measured from a copied working tree",
-        "names that copy's HEAD; docs/perf-log.md names the code's commit).",
+        "names that copy's HEAD, which need not be the commit of the code it ran).",
         "",
     ]
 
@@ -339,7 +339,7 @@ def _versus_findings_block(t: Tables) -> list[str]:
     if split:
         parts = [f"{k} {v:.1f}{' ms' if i == 0 else ''}" for i, (k, v) in enumerate(split.items())]
         out.append(f"At {_kilo(n)}, g = {g}, forward and backward, its branches timed alone take: {', '.join(parts)} "
-                   f"(`paper_figures/versus/versus_split.md`; `docs/perf-log.md`, \"Whole NSA attention\").")
+                   f"(`paper_figures/versus/versus_split.md`; `docs/performance.md`, \"Whole NSA attention\").")
     cross_rows = ok[(ok["impl"] == "auto") & (ok["block_size"] == 64) & (ok["topk"] == 16)]
     return [_fill_keeping(" ".join(out), "g = "), f"({_rows_of(m.commits_of(cross_rows))})"]
 

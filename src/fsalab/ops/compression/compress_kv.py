@@ -14,8 +14,8 @@ padding-row mask, and keep the backward deterministic without atomics:
   its <= l/s windows, in registers; the tail of each sequence's last window is handled by the
   same program (tokens no window covers get 0);
 - dpe = w_k @ sum_r dk_cmp[r] (pe is added to every window), one small kernel.
-Its timing against the torch formulation is in docs/perf-log.md; the kernel experiment's
-``compressed`` op times the whole compression branch.
+The kernel experiment's ``compressed`` op times the whole compression branch (docs/performance.md,
+"Compression branch").
 """
 
 from __future__ import annotations

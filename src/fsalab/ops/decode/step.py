@@ -573,7 +573,8 @@ def nsa_decode(
         **shape, **warps,
     )
     # No MMA here: the group's heads need no padding to 16 rows. One warp: the tiles are [g, BB·R]
-    # and the top-T merges a serial chain; 4 warps took 1.2-3.6x the time (docs/perf-log.md).
+    # and the top-T merges a serial chain, which more warps only replicate (docs/performance.md,
+    # "Decode").
     _score_kernel[(batch, h_kv, s_s)](
         logits, lens, lse_c, keys, logits.stride(0), logits.stride(1), h, h_kv, s_c, s_s, G=g, G_PAD=next_pow2(g),
         L=cfg.kernel_size, S=cfg.kernel_stride, BS=cfg.block_size, T_P=t_pad, BB=bb, SC_PAD=next_pow2(s_c),

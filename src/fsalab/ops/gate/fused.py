@@ -5,11 +5,11 @@ reference is ``reference.gated_sum``.
 
 Why a kernel: in torch the forward is six elementwise ops (a sigmoid, three products, two sums)
 and the backward fifteen (counted by scripts/count_launches.py), most of them a pass over
-[total, h, d]. At 8K tokens whole NSA attention takes ~2 ms, where every launch shows
-(docs/perf-log.md, "Open"); at 64K the forward's ops make 12 passes over the branch outputs
-where one kernel makes 4 (read three, write one), and one backward kernel makes 7 (read do and
-the three outputs, write their three gradients). The logits' sigmoid and every product are
-computed in fp32 and rounded once.
+[total, h, d]. Short calls are bound by their launches, so every launch shows; at long ones the
+forward's ops make 12 passes over the branch outputs where one kernel makes 4 (read three,
+write one), and one backward kernel makes 7 (read do and the three outputs, write their three
+gradients): docs/performance.md, "Gate". The logits' sigmoid and every product are computed in
+fp32 and rounded once.
 """
 
 from __future__ import annotations

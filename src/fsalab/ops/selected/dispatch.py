@@ -34,16 +34,12 @@ from .index import build_selection_index
 
 CANDIDATES = ("fsa", "nsa")
 _MODULES = {"fsa": "fsalab.ops.selected.fsa", "nsa": "fsalab.ops.selected.nsa"}
-# Without profiling (CPU, or FSALAB_DISPATCH=rules), from the H200 grid (results/h200/kernel.csv,
-# docs/perf-log.md): FSA's forward is fastest or tied at every g up to 16; FSA's backward wins
-# up to g = 8 (64K, g = 8: 19.1 ms against NSA's 27.8 since its q-dtype dq partials and 64-row
-# tiles; 13.6 ms with 128-row tiles, results/h200/checks/ab-fsa-tiles/); NSA's at g = 16, where
-# a token's heads fill the MMA rows (38.5 ms against FSA's 57.9 before those changes; g = 16 not
-# re-measured since).
+# Without profiling (CPU, or FSALAB_DISPATCH=rules), from the measured kernels
+# (docs/performance.md, "Selected attention"): FSA's forward is fastest or tied at every g up to
+# 16; FSA's backward wins up to g = 8; NSA's at g = 16, where a token's heads fill the MMA rows.
 RULE_MAX_G_FOR_FSA_BWD = 8
 # Bumped when the meaning of a cached value changes or a kernel change moves the winners, so
-# stale entries are re-profiled (v3: FSA's backward 0.68-0.87x at 64K; v4: 128-row backward tiles,
-# 0.69-0.87x again).
+# stale entries are re-profiled.
 _KEY_VERSION = "v4"
 
 _memory: dict[str, str] = {}

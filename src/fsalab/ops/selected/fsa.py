@@ -179,12 +179,10 @@ def _launch_merge(pb, chunk, mode, obuf, lbuf, out, lse_out):
     """Merge the chunk's partials per (token, head) into out [total, h, d] and/or lse_out [total, h]
     (LSE_ONLY: lse_out, and out [total, h] fp32 gets the same log-sum-exp in log2 units)."""
     G = chunk.heads
-    # Rows (token-major x G heads) per program, 4 warps: H200, 64K, (64, 16), each merge timed alone
-    # under 8 tiles (results/h200/checks/fsa-merge-tiles). Against 64 rows, 128 take 0.72x /
-    # 0.71x / 0.49x the time of the dq SUM merge at G = 2 / 4 / 5 and 0.86x / 0.93x of the
-    # forward's LSE merge at G = 2 / 4 (g = 5's forward merges 4 + 1 heads), but 2x in the dq
-    # merge at G = 1 and G = 8; from G = 8 on 32 rows (4 or 2 tokens) take 0.86x / 0.89x
-    # (G = 8 / 16) in the dq merge and 0.99x in the forward's.
+    # Rows (token-major x G heads) per program, 4 warps, the fastest of the merge tiles timed alone
+    # (docs/performance.md, "FSA's partials and merge"): 128 rows for 2 <= G < 8, where the dq SUM
+    # and the forward's LSE merge both gain over 64; 64 at G = 1 and 32 from G = 8 on, where 128
+    # rows take up to twice as long in the dq merge.
     block_r = 64 if G == 1 else 128 if G < 8 else max(32, next_pow2(G))
     tok = block_r // G
     dummy = pb.q
@@ -246,7 +244,7 @@ def _forward_paper(pb: _Problem, inner_loop: bool, early_return: bool):
     # The PAPER pass reads the statistics' log-sum-exp in log2 units, as the merge computed it:
     # through the natural-log lse it would carry two more roundings of a value as large as the
     # largest logit into every p, and through o's error into delta and the gradients
-    # (test_fsa_large_logits at FSALAB_SEED=1674444779: fp32 dq had erred 1.03x its bound).
+    # (test_fsa_large_logits at FSALAB_SEED=1674444779 exceeds the fp32 dq bound without it).
     lse2 = torch.empty_like(lse)
     for c in chunks:
         _launch_partial(pb, c, tiles, STATS, None, lbuf, paper_switches=switches)
@@ -329,7 +327,7 @@ def _fused_dq_dtype(pb: _Problem) -> torch.dtype:
     """Element type of the fused backward's dq partials: q's own. Each partial is rounded once to
     the dtype dq is returned in (error <= u * sum_t |dq_t| against u * |sum_t dq_t| for the final
     rounding; the merge sums in fp32), which halves the bytes the dK/dV pass writes and the merge
-    reads at fp16/bf16 (8.6 GB at 64K, g = 4, (64, 16))."""
+    reads at fp16/bf16 (N·h·T·d·2 bytes instead of N·h·T·d·4)."""
     return pb.q.dtype
 
 

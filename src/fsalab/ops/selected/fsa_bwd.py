@@ -7,16 +7,16 @@ sub-tile of the block it loads K/V once and walks the range once per head part o
 G_LO_P, a power of two, rows per token), in tiles of BLOCK_M // part tokens x the part's
 heads, accumulating dK and dV over every head of the group in fp32 registers. Rows map to (token,
 head) by shifts, and no row pads unless the rest is not a power of two (g = 7: 3 heads in 4
-rows); at 64K, d = 128, (64, 16) one walk over all g = 5 heads per tile took 1.26x the time of
-the parts (results/h200/checks/ab-fsa-pow2-heads/).
+rows); one walk over all heads of a group such as g = 5 per tile, rows mapped by division, is
+slower (register pressure, spills; docs/performance.md, "Selected attention").
 
 With FUSED_DQ it also writes each entry's dq partial (scale * ds K, in the buffer's dtype: q's) to
 the compact buffer (entry-major, g heads inner), so q, dO, lse and delta are gathered once for both
 gradients; with several key sub-tiles the later ones add to the partial the first one wrote (same
 program, same layout, so no race). Without FUSED_DQ each key sub-tile gets its own program (grid
 axis 1) and the token loops are the only loops: the fp16 dK of the fsa_paper backward (128-key
-blocks, two sub-tiles walked in a loop around the token loop) came out wrong on the H200 while dV
-and the fused variant were right, with no difference under the interpreter.
+blocks, two sub-tiles walked in a loop around the token loop) came out wrong on an sm_90 GPU
+while dV and the fused variant were right, with no difference under the interpreter.
 
 Programs come from a work list with at least one item per row, so empty rows write zero dK/dV. A
 row whose tokens are spread over several programs (row length > PER_ITEM; the sink block is
@@ -131,11 +131,10 @@ def _dkdv_heads(
     [c0, end) of the row, in tiles of BLOCK_M // GP tokens x GP head rows (GP >= NP a power of
     two; rows of heads >= NP are masked); with FUSED_DQ also the entries' dq partials.
 
-    Two spellings of one loop, as the compiler schedules them differently (64K, (64, 16), against
-    the kernel before head parts; results/h200/checks/ab-fsa-pow2-landed/): over a count of
-    tiles where the part is the whole group (1.00-1.01x at g = 1, 4, 8; stepping by tokens
-    there took 1.06x at g = 1, 1.04x at g = 4 (128, 8)), over token offsets where the group has
-    a rest (g = 5: 0.81x, against 0.85x counting tiles; 0.82x against 0.89x at (128, 8))."""
+    Two spellings of one loop, as the compiler schedules them differently: over a count of tiles
+    where the part is the whole group (stepping by tokens there is slower at g = 1 and 4), over
+    token offsets where the group has a rest (faster than counting tiles at g = 5; both timed in
+    docs/performance.md, "Selected attention")."""
     TOKP: tl.constexpr = BLOCK_M // GP
     if NP == G:
         for mt in range(tl.cdiv(end - c0, TOKP)):

@@ -123,8 +123,9 @@ def _partial_kernel(
     (CONTAIN=False) over every row, then CONTAIN=True over the rows that ``v_bad_rows``
     [h_kv * cap] (``_nonfinite_blocks_kernel``) flags, whose partials it overwrites with values
     that keep NaN/Inf causal. The plain tiles stay those of a kernel without containment (a
-    branch between the two inside one launch, or flag checks in every tile, cost up to 1.5x:
-    docs/perf-log.md). The containing launch runs one program per (row, head program) that walks
+    branch between the two inside one launch, or flag checks in every tile, slowed the plain path:
+    docs/performance.md, "FSA's partials and merge"). The containing launch runs one program per
+    (row, head program) that walks
     all of its row's token ranges itself: its grid is rows x HP, not the plain grid (the paper's
     flat grid is ceil(total / (TOK * NUM_MT)) times larger, 128x at 64K and 1024x without the
     inner loop: 2.1M and 16.8M programs at g = 4). A flagged row is then one program's serial

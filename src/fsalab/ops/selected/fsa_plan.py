@@ -32,10 +32,8 @@ BUFFER_BUDGET_BYTES = 512 << 20
 # At g = 1 the budget is that of two heads (1 GiB; index lists and outputs come on top): each
 # chunk costs three launches, and short calls are bound by the host's launches. 32K runs in one
 # chunk instead of two, 64K's forward in 2 instead of 4 and its fused backward in 1 instead of 2
-# (tests/test_selection_fsa.py::test_head_chunks_budget). H200, 32K, g = 1 forward: one chunk for
-# every head took 0.975 / 1.017 of the eager time of the tree's order in the window-first A/B
-# (perf-log); versus at a8e0967: 0.98x replayed from a CUDA graph, the eager gain hidden by
-# another machine's slower host.
+# (tests/test_selection_fsa.py::test_head_chunks_budget). A larger budget still saves launches
+# but holds several GB of partials for a few per cent of an eager call (docs/performance.md).
 MIN_BUDGET_HEADS = 2
 # Bytes of the fp32 dK/dV partials of rows split across several backward programs.
 SPLIT_BUDGET_BYTES = 64 << 20
@@ -127,9 +125,9 @@ def head_parts(g: int) -> tuple[int, int]:
 def pow2_chunks(chunks: list[Chunk]) -> list[Chunk]:
     """Each chunk's heads as power-of-two parts over the same KV heads, largest first (5 = 4 + 1,
     7 = 4 + 2 + 1). A part's tiles map rows to (token, head) by shifts and hold no padding rows,
-    and d = 128 gets the 128-row forward tile only at power-of-two head counts (``fwd_tiles``): the
-    FSA forward at 64K, (64, 16), g = 3, 5, 6, 7 took 0.85-0.88x the time of one launch per chunk,
-    0.87x at 16K, 0.89x at 128K, 0.98x at (128, 8) (results/h200/checks/ab-fsa-pow2-heads/)."""
+    and d = 128 gets the 128-row forward tile only at power-of-two head counts (``fwd_tiles``).
+    At g = 3, 5, 6, 7 that beats one launch per chunk whose rows map to (token, head) by division
+    (docs/performance.md, "Selected attention")."""
     out = []
     for c in chunks:
         j0, left = c.j0, c.heads
@@ -171,10 +169,9 @@ def fwd_tiles(G: int, D: int, block_size: int, paper: bool, dq: bool = False, in
     the (1, 64, 128) its profiling searches; 64 here from d = 128 on, where 128 exhausts shared
     memory) and runs 8 batches per program; ours gathers 64 rows of tokens x heads, 4 tiles per
     program; 128 rows (4 warps) at d = 128 with key sub-tiles at most 64 wide and g a power of
-    two: 0.88x the forward partial's time at 64K, g = 4, (64, 16), 0.87x at g = 2, equal at g = 1
-    and 8, while 128 rows take 1.59x at (128, 8) (128-wide sub-tiles), 1.03x at g = 5 and 1.08x
-    at d = 64 (results/h200/checks/ab-fsa-tiles/). scripts/check_sm90_compile.py builds these
-    plans for sm_90 on CPU.
+    two, the only case where 128 rows were faster (with 128-wide sub-tiles, at g = 5 and at d = 64
+    they were slower; docs/performance.md, "Selected attention"). scripts/check_sm90_compile.py
+    builds these plans for sm_90 on CPU.
     """
     num_mt = (8 if inner_loop else 1) if paper else 4
     block_n = block_size if block_size * D <= 16384 else max(16, 16384 // D)
@@ -194,10 +191,9 @@ def fwd_tiles(G: int, D: int, block_size: int, paper: bool, dq: bool = False, in
 
 def bwd_tiles(G: int, D: int, block_size: int) -> Tiles:
     """dK/dV tiles: fp32 dK and dV accumulators of BLOCK_N x D each live in registers. 128 rows
-    (tokens x heads) per tile up to D = 128: against 64 rows, 0.69-0.87x the backward's time at
-    64K, g = 1, 2, 4, 5, 8, (64, 16) and (128, 8), 8 warps at d = 128, 4 at d = 64 (0.84x of 8
-    there; results/h200/checks/ab-fsa-tiles/; 64 rows had been 0.83-0.90x of 32,
-    results/h200/checks/ab-dq-partials/). 256 rows exceeded the H200's shared memory at d = 128.
+    (tokens x heads) per tile up to D = 128, faster than 64 (and 64 than 32) at every g and both
+    (B, T), 8 warps at d = 128, 4 at d = 64; 256 rows exceed an sm_90 block's shared memory at
+    d = 128 (docs/performance.md, "Selected attention").
     The group's head parts (``head_parts``) walk the tile in turn; ``tok`` is the most tokens a
     tile of one part holds (BLOCK_M over the rest's padded head count where there is a rest), so
     items of whole tiles of it are whole tiles of either part."""

@@ -17,7 +17,7 @@ Backward:
 Every loop loads the indices of its next step one iteration ahead (``PREFETCH``): the gathers of
 step i+1 then depend on a loop-carried value, not on a load of the same iteration, so Triton's
 pipeliner issues them (cp.async) while step i computes. ``prefetch=False`` in the host wrappers is
-the ablation. Costs, measurements and the ablation's timing: docs/perf-log-nsa.md.
+the ablation. Its byte and FLOP floors and times: docs/performance.md, "Selected attention".
 
 Shapes: q [total, h, d], k/v [total, h_kv, d], block_idx int32 [total, h_kv, topk] (local block
 ids, ascending, -1 padding), cu_seqlens int32 [batch + 1]. Outputs: o [total, h, d] in q.dtype,

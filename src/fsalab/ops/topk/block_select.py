@@ -129,8 +129,8 @@ def _chunk_blocks(t_pad: int, r: int) -> int:
     """BB, the blocks one iteration of the score loop covers: at least T_P (a chunk's candidates
     are cut to their top T_P before the merge, ``merge_topk``) and 16 compressed tokens
     (BB * r >= 16, the MMA's smallest N); r = block_size / kernel_stride. Both powers of two.
-    The smallest such width is the fastest: 2x and 4x took 1.17-3.35x the time at 64K on the
-    H200 (results/h200/checks/ab-select-bb/)."""
+    The smallest such width is the fastest: wider chunks rank fewer, longer rows and lose more
+    in registers than the ranking saves (docs/performance.md, "Top-T selection")."""
     return max(t_pad, _cdiv(16, r))
 
 
@@ -190,8 +190,8 @@ def _select_kernel(
 
     carry = tl.zeros([BLOCK_T], dtype=tl.float32)
     # Chunks that every row of the tile sees whole, holding neither a forced nor a future block,
-    # run the body without its masks (22-28 % fewer instructions: scripts/sass_loop_count.py
-    # --kernel select --loops 2).
+    # run the body without its masks, a quarter fewer instructions (scripts/sass_loop_count.py
+    # --kernel select --loops 2 counts both bodies).
     head_end, bulk_end, n_chunks = chunk_ranges(t0, n, BLOCK_T, BS, BB, BLOCK_C, L, S, INIT, LOCAL)
     for ch in range(0, head_end):
         run, carry = _merge_chunk(ch, run, carry, q, lse2, q_lo, lse2_lo, kc_ptr, c_start, n_cmp, kvh, s_kt, s_kh, dd,

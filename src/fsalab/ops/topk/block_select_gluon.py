@@ -36,12 +36,10 @@ from .select_common import KEY_NONE, block_key, chunk_ranges, forced_score, key_
 
 _SMEM_BUDGET = 227 * 1024  # bytes of shared memory an sm_90 block may use
 _SM_SHARED = 228 * 1024  # an sm_90 SM's shared memory, shared by its resident blocks
-# The largest group size at which ``auto`` picks this kernel: the largest measured. On the H200 at
-# 64K tokens, 4 KV heads, d = 128, bf16 (results/h200/checks/select-gluon-ops/, 8ecc35e) it took
-# 0.43 / 0.56 / 0.71 / 0.71 / 0.80x the Triton kernel's time at g = 1 / 2 / 4 / 5 / 8, (64, 16), and
-# 0.68 / 0.80x at g = 1 / 4, (128, 8); selections equal but for 1-2 rows of 262 144 (near-ties:
-# the heads' fp32 sum runs in another order); tests/test_gpu_compression.py -k kernels passed
-# (g = 1-6 and 8, d = 64-256, fp16/bf16, a packed batch). g = 9-12 build but have not run.
+# The largest group size at which ``auto`` picks this kernel: the largest timed, where it is still
+# faster than the Triton kernel (its gain shrinks as g grows; docs/performance.md, "Top-T
+# selection") and where tests/test_gpu_compression.py checks it against the reference. g = 9-12
+# build but are not run on a GPU by the tests.
 PREFERRED_MAX_G = 8
 
 
@@ -308,11 +306,10 @@ def programs_per_sm(g: int, d: int, block_c: int, block_t: int) -> int:
 def tokens_per_program(g: int, d: int, block_c: int) -> int:
     """128 (a token per thread of the warpgroup) where two such programs share an SM, else 64 where
     two do (each token's row then in two threads, which do the same work), else the larger that
-    fits alone, else 0. At d = 128: 128 for g = 1, 2, 6; 64 for g = 3-5 and 7-12. On the H200 at
-    64K (results/h200/checks/select-gluon-pipeline/) two 64-token programs an SM took 0.83-0.86x
-    the time of one 128-token program at g = 4 and 5 (0.80x at g = 4, (128, 8)): one warpgroup
-    alone leaves the tensor cores idle during its exp2 and merge; at g = 1 and 2, where 128-token
-    programs already share an SM, 64 tokens took 1.17-1.34x."""
+    fits alone, else 0. At d = 128: 128 for g = 1, 2, 6; 64 for g = 3-5 and 7-12. Two 64-token
+    programs an SM beat one 128-token program (g = 4, 5): one warpgroup alone leaves the tensor
+    cores idle during its exp2 and merge; where 128-token programs already share an SM (g = 1, 2),
+    64 tokens are slower (docs/performance.md, "Top-T selection")."""
     for share in (2, 1):
         for t in (128, 64):
             if shared_bytes(g, d, block_c, t) <= _SMEM_BUDGET and programs_per_sm(g, d, block_c, t) >= share:
@@ -322,10 +319,9 @@ def tokens_per_program(g: int, d: int, block_c: int) -> int:
 
 def prefetches(block_t: int) -> bool:
     """Whether a program of block_t tokens loads the next chunk's keys during this chunk's MMAs and
-    merge (PREFETCH): at 64 tokens, where the keys cost a thread 16 registers. At 128 tokens they
-    cost 32 that the program needs elsewhere: 45 more registers at g = 1 (two programs an SM
-    resident instead of three; 1.05x the time on the H200 at 64K) and 8 bytes spilled at g = 2
-    (1.00x); at 64 tokens 0.95-0.98x (g = 4, 5, 8; results/h200/checks/select-gluon-pipeline/)."""
+    merge (PREFETCH): at 64 tokens, where the keys cost a thread 16 registers and the prefetch pays.
+    At 128 tokens they cost 32 that the program needs elsewhere: 45 more registers at g = 1 (two
+    programs an SM resident instead of three) and a spill at g = 2, for no gain."""
     return block_t == 64
 
 

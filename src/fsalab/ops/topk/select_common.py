@@ -33,8 +33,9 @@ def block_key(score, blk, kb):
     right by kb - 3, then 2^kb - 1 - blk in the low kb bits. A score keeps 26 - kb mantissa bits
     (64K tokens in blocks of 64: 16 bits, relative step 1.5e-5); scores closer than that tie and
     the lower block wins. Block scores are sums of at most g * l/s probabilities, far below 2^8.
-    Half the width of an (fp32 bits << 32 | ~block) int64 key: the top-T merge, most of the
-    selection's instructions, ran 10 % faster at 64K on the H200 (docs/perf-log.md)."""
+    Half the width of an (fp32 bits << 32 | ~block) int64 key, so each compare-exchange of the
+    top-T merge, most of the selection's instructions, works on one register instead of two
+    (docs/performance.md, "Top-T selection")."""
     bits = score.to(tl.int32, bitcast=True)
     e = bits >> 23
     v = tl.where(e < 103, 0, ((e - 103) << 23) | (bits & 0x7FFFFF))

@@ -9,7 +9,7 @@ a shape the layout pass rejects). This check closes that gap without a device:
    arguments, its constexprs (FSA's kernels, which take planned tiles rather than autotune
    configs, get the GPU's plan). Every selected-attention impl of ours runs at (d, g) = (64, 4)
    and (128, 5), fsa at (256, 1), nsa at (64, 16). The triton compression, window and gate branches
-   and one decode step (ops/decode.py) run where their launches are new (they depend on d or
+   and one decode step (ops/decode/step.py) run where their launches are new (they depend on d or
    (d, g), not on the selection impl); elsewhere those branches take the reference;
 2. compile: in a fresh process without the interpreter, build each distinct launch with
    ``triton.compile`` for target cuda:90, in bf16 (for fp16) under every autotune config the
@@ -53,9 +53,9 @@ _ALL = ("compression", "window", "gate", "decode")
 _COMPRESSION = ("compress_kv._cu_cmp_kernel", "compress_kv._compress_fwd_kernel", "compress_kv._compress_dx_kernel",
                 "compress_kv._compress_dw_kernel", "compress_kv._compress_dpe_kernel", "block_select._select_kernel",
                 "flash._fwd_kernel", "flash._dq_kernel", "flash._dkdv_kernel", "flash._stats_kernel")
-_GATE = ("gate._gated_sum_fwd", "gate._gated_sum_bwd")
-_DECODE = ("decode._append_kernel", "decode._compress_step_kernel", "decode._cmp_partial_kernel", "decode._score_kernel", "decode._topk_kernel",
-           "decode._sw_partial_kernel", "decode._combine_kernel")
+_GATE = ("fused._gated_sum_fwd", "fused._gated_sum_bwd")
+_DECODE = ("step._append_kernel", "step._compress_step_kernel", "step._cmp_partial_kernel", "step._score_kernel", "step._topk_kernel",
+           "step._sw_partial_kernel", "step._combine_kernel")
 _PLAN = ("index_kernels._entry_keys_kernel", "index_kernels._csr_kernel",
          "worklist._row_scan_kernel", "worklist._items_kernel")
 _FSA = _PLAN + ("fsa_partials._partial_kernel", "fsa_partials._merge_kernel", "fsa_partials._nonfinite_blocks_kernel",
@@ -91,7 +91,7 @@ def record(cases: list[str]) -> list[dict]:
 
     from fsalab.config import NSAConfig
     from fsalab.modules import NativeSparseAttention
-    from fsalab.ops.selection import fsa_plan
+    from fsalab.ops.selected import fsa_plan
     from fsalab.testing import LaunchCounter, cu_seqlens_of
 
     seen: dict[str, dict] = {}
@@ -144,7 +144,7 @@ def record(cases: list[str]) -> list[dict]:
 
 
 def record_decode(cfg, lengths: list[int], d: int, g: int, h_kv: int) -> None:
-    """One decode step (ops/decode.py: ``append_token``'s two kernels and the five attention
+    """One decode step (ops/decode/step.py: ``append_token``'s two kernels and the five attention
     kernels) of a module with ``h_kv`` KV heads filled from a prefill of ``lengths``."""
     import torch
 

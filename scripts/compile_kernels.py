@@ -1,4 +1,4 @@
-"""Compile the planning kernels (index_kernels, worklist) and the gated sum (ops/gate.py) for a
+"""Compile the planning kernels (index_kernels, worklist) and the gated sum (ops/gate/fused.py) for a
 CUDA target, without a GPU.
 
 The tests run every kernel through the Triton interpreter, which accepts code the compiler may
@@ -22,9 +22,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fsalab.ops import gate
-from fsalab.ops.selection import index_kernels as ik
-from fsalab.ops.selection import worklist as wl
+from fsalab.ops.gate import fused as gate
+from fsalab.ops.selected import index_kernels as ik
+from fsalab.ops.selected import worklist as wl
 
 P32, P64 = "*i32", "*i64"
 

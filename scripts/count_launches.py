@@ -1,8 +1,8 @@
 """Count the device kernels one selected-attention call launches, on CPU (no GPU needed).
 
 A short call is launch-bound when the host needs longer to enqueue its kernels than the GPU
-needs to run them (results/h200/checks/profile_launch.log: 79 launches, 2.6 ms of host time for
-0.35 ms of kernels at 8K tokens), so the number of launches is what this script tracks. It runs
+needs to run them (docs/performance.md, "Whole NSA attention": tens of microseconds of host time
+a launch), so the number of launches is what this script tracks. It runs
 the call through the Triton interpreter (TRITON_INTERPRET=1, set here) under
 ``fsalab.testing.LaunchCounter``, which counts
 
@@ -44,12 +44,13 @@ os.environ["FSALAB_VALUE_CHECKS"] = "1" if "--value-checks" in sys.argv else "0"
 
 import torch
 
-from fsalab.testing import LaunchCounter, nsa_attention_calls, nsa_module_forward
+from fsalab.bench.kernel import nsa_attention_calls
+from fsalab.testing import LaunchCounter, nsa_module_forward
 
 
 def make_call(impl: str, lengths: list[int], h_kv: int, g: int, d: int, block_size: int, topk: int):
     """(fwd, bwd) zero-argument callables for impl on a random batch with a valid block_idx."""
-    from fsalab.ops.selection import selected_attention
+    from fsalab.ops.selected import selected_attention
     from fsalab.testing import cu_seqlens_of
 
     gen = torch.Generator().manual_seed(0)

@@ -144,7 +144,7 @@ def forward_call(impl: str):
 
 
 def op_call(impl: str, backward: bool):
-    from fsalab.testing import nsa_attention_calls
+    from fsalab.bench.kernel import nsa_attention_calls
 
     fwd, bwd = nsa_attention_calls(impl, 128, 1, 1, 16, 32, 4)
     bwd()  # one real call before the stubs, as the other paths make: caches and plans built

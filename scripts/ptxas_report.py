@@ -12,7 +12,7 @@ kernel's ``do_not_specialize`` arguments are left alone); without it they are pl
     python scripts/ptxas_report.py fsalab.ops.flash:_fwd_kernel --const D=128 --const D_PAD=128 \\
         --const PRECISION=tf32 --const BLOCK_M=128 --const BLOCK_N=128 --ptr LSE=fp32 --ptr CU_Q=i32 \\
         --ptr CU_K=i32 --float scale_log2 --int 'stride*=16' --warps 8 --stages 3
-    python scripts/ptxas_report.py results/h200/checks/forced-dense/forced_dense.py:_forced_dense_kernel ...
+    python scripts/ptxas_report.py path/to/variant.py:_my_kernel ...
 
 Prints ``<registers> registers, <bytes> B spilled``.
 """

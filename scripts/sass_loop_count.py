@@ -14,20 +14,20 @@ own ptxas and cuobjdump do the work. Kernels:
   pass), and ``fsa_dkdv``: the fused backward's ``_dkdv_kernel`` (dK/dV and the dq partials);
   the loop is one tile of TOK tokens x G heads (the backward: of one power-of-two part of the
   group, so g = 5 has two tile loops, ``--loops 2``), counted per thread and tile, and per
-  (token, head) row over all threads. Default configs: the tiles ``selection.fsa_plan`` plans on the
+  (token, head) row over all threads. Default configs: the tiles ``selected.fsa_plan`` plans on the
   GPU for g = 1, 4, 5, 8.
 
 A count, not a timing: it says where the loop's instructions go and how a variant changes them
 (``--source`` builds another version of the kernel's module, ``--replace`` edits the source
 first, e.g. to take a part out and see its share); whether the kernel is issue-bound is for the
-device to tell (docs/perf-log.md, Open).
+device to tell.
 
     python scripts/sass_loop_count.py [--kernel select|select_gluon|fsa_partial|fsa_dkdv] [--source FILE]
         [--function NAME] [--const NAME=VALUE ...] [--rows N] [--loops K] [--same-as FILE]
         [--replace OLD NEW ...] [--config G,BLOCK_M,WARPS[,STAGES] ...]
 
 ``--function`` builds another kernel of the (``--source``) module with the same arguments plus
-the constexprs ``--const`` adds (a variant kernel of an A/B under results/h200/checks/);
+the constexprs ``--const`` adds (a variant kernel written for an A/B);
 ``--rows`` overrides the tile rows the per-row count divides by; ``--loops K`` reports the K
 largest loops (a variant with two tile loops); ``--same-as FILE`` says whether each config's
 whole SASS equals that of FILE's version of the module (``--const`` picks the variant, e.g.
@@ -66,12 +66,12 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.runtime.jit import native_specialize_impl  # noqa: E402
 
 from fsalab.ops._triton import dot_precision, next_pow2, search_steps  # noqa: E402
-from fsalab.ops.block_select_gluon import prefetches  # noqa: E402
-from fsalab.ops.selection.fsa_plan import bwd_tiles, fwd_tiles, head_parts, split_tiles  # noqa: E402
+from fsalab.ops.selected.fsa_plan import bwd_tiles, fwd_tiles, head_parts, split_tiles  # noqa: E402
+from fsalab.ops.topk.block_select_gluon import prefetches  # noqa: E402
 
 BIN = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 N, H_KV, D, BS, TOPK = 65536, 4, 128, 64, 16
-CAP = N // BS + 1  # selection.index.block_capacity of one sequence
+CAP = N // BS + 1  # selected.index.block_capacity of one sequence
 PREC = dot_precision(torch.bfloat16)
 
 
@@ -115,7 +115,7 @@ _FSA_I32 = {n: "*i32" for n in ("row_ptr", "token_ids", "blk_start", "blk_len", 
 
 KERNELS = {
     "select": Kernel(
-        "fsalab.ops.block_select", "_select_kernel",
+        "fsalab.ops.topk.block_select", "_select_kernel",
         {"lse_ptr": "*fp32", "cu_ptr": "*i32", "cuc_ptr": "*i32", "out_ptr": "*i32"}, ("qk_scale",),
         lambda g: dict(batch=1, steps=search_steps(1), s_qt=4 * g * D, s_qh=D, s_kt=H_KV * D, s_kh=D, s_lt=4 * g,
                        s_lh=1, s_ot=H_KV * TOPK, s_oh=TOPK),
@@ -124,7 +124,7 @@ KERNELS = {
         ["1,64,4", "1,128,8", "4,64,4", "4,128,8"],  # block_select._SELECT_CONFIGS at g = 1 and 4
         "chunk", lambda g, bm: bm // g),
     "select_gluon": Kernel(
-        "fsalab.ops.block_select_gluon", "select_kernel",
+        "fsalab.ops.topk.block_select_gluon", "select_kernel",
         {"lse_ptr": "*fp32", "cu_ptr": "*i32", "cuc_ptr": "*i32", "out_ptr": "*i32"}, ("qk_scale",),
         lambda g: dict(batch=1, steps=search_steps(1), s_qt=4 * g * D, s_qh=D, s_kt=H_KV * D, s_kh=D, s_lt=4 * g,
                        s_lh=1, s_ot=H_KV * TOPK, s_oh=TOPK),
@@ -133,7 +133,7 @@ KERNELS = {
         ["1,128,4", "2,128,4", "4,64,4", "5,64,4", "8,64,4"],  # G,BLOCK_T,warps as tokens_per_program picks
         "chunk", lambda g, bm: bm, gluon=True),
     "fsa_partial": Kernel(
-        "fsalab.ops.selection.fsa_partials", "_partial_kernel",
+        "fsalab.ops.selected.fsa_partials", "_partial_kernel",
         {"lse": "*fp32", "delta": "*fp32", "lbuf": "*fp32", **_FSA_I32}, ("qk_scale", "sm_scale"),
         lambda g: {**_fsa_ints(g), "j0": 0, "Gc": g, "n_sub": 1},
         lambda g, bm: dict(HP=1, G=g, TOK=bm // g, BLOCK_M=bm, NUM_MT=4, BLOCK_N=BS, NUM_KT=1, D=D, MODE=2,
@@ -141,7 +141,7 @@ KERNELS = {
         _fsa_configs(lambda g: fwd_tiles(g, D, BS, paper=False)),
         "tile", lambda g, bm: bm // g * g),
     "fsa_dkdv": Kernel(
-        "fsalab.ops.selection.fsa_bwd", "_dkdv_kernel",
+        "fsalab.ops.selected.fsa_bwd", "_dkdv_kernel",
         {"lse": "*fp32", "delta": "*fp32", "dkp": "*fp32", "dvp": "*fp32", **_FSA_I32}, ("qk_scale", "sm_scale"),
         lambda g: {**_fsa_ints(g), "block_size": BS},
         lambda g, bm: _dkdv_const(g, bm),

@@ -1,4 +1,5 @@
-"""An independent formulation of NSA used only to check ops/reference.py.
+"""An independent formulation of NSA used only to check the ops' fp32 references
+(``fsalab.ops.<op>.reference``).
 
 Per sequence it builds each branch's boolean [tokens x keys] mask explicitly and runs a plain
 masked softmax; compression uses Tensor.unfold, block weights and top-k use Python loops over

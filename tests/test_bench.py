@@ -1,5 +1,6 @@
 """Experiment configs, the kernel runner, aggregation and the REPRODUCTION.md writer (CPU, tiny)."""
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -122,7 +123,7 @@ def test_unknown_impl_gives_unsupported_row():
     exp = _tiny_exp(impl="no_such_impl", direction="fwd")
     with pytest.raises(ValueError, match="impl of op 'selected' must be one of .*got 'no_such_impl'"):
         grid.expand(exp)
-    point = {**grid.expand(_tiny_exp(direction="fwd"))[0], "impl": "no_such_impl"}
+    point = dataclasses.replace(grid.expand(_tiny_exp(direction="fwd"))[0], impl="no_such_impl")
     row = kernel.run_point(point, exp, torch.device("cpu"), platform="unit-cpu")
     assert row["status"] == "unsupported" and "no_such_impl" in row["message"]
     assert row["median_ms"] is None
@@ -173,7 +174,7 @@ def test_correctness_check_fails_a_wrong_impl(monkeypatch, perturb, direction, f
 
     monkeypatch.setattr(ops, "bind", bind)
     exp = _tiny_exp(direction=direction)
-    point = {**grid.expand(exp)[0], "impl": "perturbed"}
+    point = dataclasses.replace(grid.expand(exp)[0], impl="perturbed")
     row = kernel.run_point(point, exp, torch.device("cpu"), platform="unit-cpu")
     check = row["check"]
     expected_outputs = {"o"} if direction == "fwd" else {"o", "dq", "dk", "dv"}
@@ -365,12 +366,12 @@ def test_ncu_csv_parsing_and_model():
     assert dram.parse_ncu_csv(short)[0]["read_bytes"] == pytest.approx(1024.5e6)
     with pytest.raises(ValueError, match="unknown Nsight Compute unit"):
         dram.parse_ncu_csv(NCU_CSV.replace('"usecond"', '"fortnight"'))
-    p = {**grid.expand(_tiny_exp())[0], "impl": "nsa", "N": 65536, "batch": 1, "h_kv": 4, "g": 4, "d": 128,
-         "block_size": 64, "topk": 16, "dtype": "bfloat16", "direction": "fwd"}
+    p = dataclasses.replace(grid.expand(_tiny_exp())[0], impl="nsa", N=65536, batch=1, h_kv=4, g=4, d=128,
+                            block_size=64, topk=16, dtype="bfloat16", direction="fwd")
     nsa = dram.model_bytes(p)
-    fsa = dram.model_bytes({**p, "impl": "fsa_paper"})
+    fsa = dram.model_bytes(dataclasses.replace(p, impl="fsa_paper"))
     assert set(nsa) == {"paper", "causal", "fsalab"} and fsa["paper"] / nsa["paper"] == pytest.approx(0.2133, abs=5e-4)
-    assert dram.model_bytes({**p, "direction": "bwd"}) == {}  # the models cover the forward only
+    assert dram.model_bytes(dataclasses.replace(p, direction="bwd")) == {}  # the models cover the forward only
 
 
 def test_dram_without_ncu_is_unsupported():
@@ -447,7 +448,8 @@ def test_nsa_attention_gate_impl_option(device):
     the A/B of the fused kernel: the fused kernel runs only where the row's sources say so, both
     give the same output, and an unknown name is unsupported."""
     from fsalab.bench import ops
-    from fsalab.testing import LaunchCounter, nsa_attention_calls
+    from fsalab.bench.kernel import nsa_attention_calls
+    from fsalab.testing import LaunchCounter
 
     assert ops.bind("nsa_attention", "fsa").sources["gate"] == "triton"
     assert ops.bind("nsa_attention", "reference").sources["gate"] == "reference"

@@ -7,7 +7,7 @@ import torch
 
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
-from fsalab.ops.selection import selected_attention
+from fsalab.ops.selected import selected_attention
 from fsalab.testing import cu_seqlens_of
 
 

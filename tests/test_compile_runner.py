@@ -3,6 +3,8 @@ point on one fresh Triton cache, a row with the first-call columns, failures as 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -24,5 +26,5 @@ def test_compile_point_gives_a_first_call_row(tmp_path, monkeypatch):
 def test_compile_point_failure_is_a_row():
     exp = grid.load_experiment("compile", smoke=True)
     (point,) = grid.expand(exp)
-    row = first_call.run_point({**point, "impl": "no_such_impl"}, exp, torch.device("cpu"), "cpu-test")
+    row = first_call.run_point(dataclasses.replace(point, impl="no_such_impl"), exp, torch.device("cpu"), "cpu-test")
     assert row["status"] == "error" and "child exit" in row["message"] and "first_call_s" not in row

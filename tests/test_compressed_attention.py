@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from fsalab.config import NSAConfig
-from fsalab.ops import reference
 from fsalab.ops.compression import compressed_attention
+from fsalab.ops.compression import reference as compression_ref
 from fsalab.testing import check_attention, compressed_inputs
 
 pytestmark = pytest.mark.usefixtures("poison_flash_buffers")
@@ -22,7 +22,7 @@ def _check(lengths, h, h_kv, d, cfg, dtype, seed, device, q_scale=1.0):
     cu = b.cu_seqlens
     return check_attention(
         lambda q, k, v: compressed_attention(q, k, v, cu, cu_cmp, cfg),
-        lambda q, k, v: reference.compressed_attention(q, k, v, cu, cu_cmp, cfg),
+        lambda q, k, v: compression_ref.compressed_attention(q, k, v, cu, cu_cmp, cfg),
         (b.q * q_scale, k_cmp, v_cmp), dtype, seed,
     )
 

@@ -1,4 +1,5 @@
-"""ops/compression.py (compress_kv, select_blocks) against ops/reference.py.
+"""The compression kernels (ops/compression, compress_kv) and the top-T selection (ops/topk,
+select_blocks) against their fp32 references (``<op>/reference.py``).
 
 select_blocks sums fp32 probabilities in another order than the reference, so two blocks whose
 scores differ by a rounding step may swap. Every selection is therefore checked to be a valid
@@ -17,9 +18,12 @@ import triton
 import triton.language as tl
 
 from fsalab.config import NSAConfig
-from fsalab.ops import reference
-from fsalab.ops.select_common import block_key, key_bits, key_block
-from fsalab.ops.compression import compress_kv, compressed_offsets, select_blocks
+from fsalab.ops.compression import compress_kv, compressed_offsets
+from fsalab.ops.compression import reference as compression_ref
+from fsalab.ops.reference_common import native_precision
+from fsalab.ops.topk import reference as topk_ref
+from fsalab.ops.topk import select_blocks
+from fsalab.ops.topk.select_common import block_key, key_bits, key_block
 from fsalab.testing import (
     assert_close,
     check_selection,
@@ -74,9 +78,9 @@ def test_compress_kv_matches_reference(dtype, d, ls, w_dtype, gen, seed):
     h_kv = 1 if d > 128 else 2  # head indexing is covered by the smaller d; keeps the interpreter quick
     *params, cu = compress_inputs(packed_lengths(cfg, 150), h_kv, d, cfg, dtype, gen, w_dtype)
     k_cmp, v_cmp, cu_cmp = compress_kv(*params, cu, cfg)
-    ref_k, ref_v, ref_cu = reference.compress_kv(*params, cu, cfg)
-    with reference.native_precision():
-        nat_k, nat_v, _ = reference.compress_kv(*params, cu, cfg)
+    ref_k, ref_v, ref_cu = compression_ref.compress_kv(*params, cu, cfg)
+    with native_precision():
+        nat_k, nat_v, _ = compression_ref.compress_kv(*params, cu, cfg)
     assert torch.equal(cu_cmp, ref_cu)
     assert k_cmp.dtype == dtype and k_cmp.shape == ref_k.shape
     n_cmp = int(cu_cmp[-1])
@@ -88,8 +92,8 @@ def test_compress_kv_matches_reference(dtype, d, ls, w_dtype, gen, seed):
     upstream = [torch.randn(ref_k.shape, generator=gen), torch.randn(ref_v.shape, generator=gen)]
     got = grads((k_cmp, v_cmp), params, upstream)
     ref = grads((ref_k, ref_v), params, upstream)
-    with reference.native_precision():
-        nat = grads(reference.compress_kv(*params, cu, cfg)[:2], params, upstream)
+    with native_precision():
+        nat = grads(compression_ref.compress_kv(*params, cu, cfg)[:2], params, upstream)
     for name, a, b, c, p in zip(("dk", "dv", "dw_k", "dw_v", "dpe"), got, ref, nat, params):
         assert a.dtype == p.dtype
         assert_close(a, b, c, dtype=dtype, name=name)
@@ -173,7 +177,7 @@ def selection_inputs(lengths, h_kv, g, d, cfg, dtype, gen, q_scale=1.0):
     q = (torch.randn(total, h_kv * g, d, generator=gen) * q_scale).to(dtype)
     k_cmp = torch.randn(rows, h_kv, d, generator=gen).to(dtype)
     cu_cmp = compressed_cu_seqlens(cu, cfg.kernel_size, cfg.kernel_stride)
-    _, lse = reference.compressed_attention(q, k_cmp, k_cmp, cu, cu_cmp, cfg)
+    _, lse = compression_ref.compressed_attention(q, k_cmp, k_cmp, cu, cu_cmp, cfg)
     return q, k_cmp, lse.float(), cu, cu_cmp
 
 
@@ -199,9 +203,9 @@ def test_select_blocks_matches_reference(g, d, dtype, cfg, q_scale, gen):
     lengths = [6 * cfg.block_size + 37, 3, cfg.kernel_size - 1, cfg.block_size + 5, 40, 1]
     q, k_cmp, lse, cu, cu_cmp = selection_inputs(lengths, h_kv, g, d, cfg, dtype, gen, q_scale)
     got = select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
-    expected = reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
+    expected = topk_ref.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
     assert got.dtype == torch.int32 and got.shape == expected.shape
-    scores = reference.block_scores(q.double(), k_cmp.double(), lse.double(), cu, cu_cmp, cfg)
+    scores = topk_ref.block_scores(q.double(), k_cmp.double(), lse.double(), cu, cu_cmp, cfg)
     near_ties = check_selection(got, expected, scores, cu, cfg)
     assert near_ties < got.shape[0] * h_kv // 10, "too many near-ties for a meaningful exact comparison"
 
@@ -209,7 +213,7 @@ def test_select_blocks_matches_reference(g, d, dtype, cfg, q_scale, gen):
 def test_select_blocks_with_longer_chunks(gen, monkeypatch):
     """Chunks of 4x the default blocks (BB = 4 T_P: each chunk's sorted candidates are cut to
     their top T_P before the merge) choose what the reference chooses, across chunk boundaries."""
-    from fsalab.ops import block_select
+    from fsalab.ops.topk import block_select
 
     default = block_select._chunk_blocks
     monkeypatch.setattr(block_select, "_chunk_blocks", lambda t_pad, r: 4 * default(t_pad, r))
@@ -218,8 +222,8 @@ def test_select_blocks_with_longer_chunks(gen, monkeypatch):
     lengths = [17 * cfg.block_size + 13, 70, 2]
     q, k_cmp, lse, cu, cu_cmp = selection_inputs(lengths, 1, 1, 32, cfg, torch.float32, gen)
     got = select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
-    scores = reference.block_scores(q.double(), k_cmp.double(), lse.double(), cu, cu_cmp, cfg)
-    check_selection(got, reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg), scores, cu, cfg)
+    scores = topk_ref.block_scores(q.double(), k_cmp.double(), lse.double(), cu, cu_cmp, cfg)
+    check_selection(got, topk_ref.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg), scores, cu, cfg)
 
 
 @pytest.mark.parametrize("g,dtype", [(1, torch.float32), (2, torch.float32), (3, torch.float16)])
@@ -233,8 +237,8 @@ def test_select_blocks_unmasked_chunks(g, dtype, gen):
     q, k_cmp, lse, cu, cu_cmp = selection_inputs(lengths, 1, g, 32, cfg, dtype, gen)
     lse[500::97, 0] = float("-inf")
     got = select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
-    scores = reference.block_scores(q.double(), k_cmp.double(), lse.double(), cu, cu_cmp, cfg)
-    check_selection(got, reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg), scores, cu, cfg)
+    scores = topk_ref.block_scores(q.double(), k_cmp.double(), lse.double(), cu, cu_cmp, cfg)
+    check_selection(got, topk_ref.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg), scores, cu, cfg)
 
 
 @pytest.mark.parametrize("g,cfg", [(1, NSAConfig(topk=5)), (3, NSAConfig(kernel_size=16, kernel_stride=8, block_size=32, topk=6, init_blocks=2))])
@@ -247,7 +251,7 @@ def test_select_blocks_ties_go_to_the_lower_block(g, cfg, gen):
     lse = torch.zeros(q.shape[:2])
     lse[::7] = float("-inf")  # heads that see nothing add nothing
     got = select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
-    assert torch.equal(got, reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg))
+    assert torch.equal(got, topk_ref.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg))
     # The last token of the long sequence: forced blocks, then the lowest-index tied blocks.
     own = (lengths[0] - 1) // cfg.block_size
     forced = set(range(cfg.init_blocks)) | set(range(own - cfg.local_blocks + 1, own + 1))
@@ -342,5 +346,5 @@ def test_select_blocks_spill_crosses_a_chunk(gen):
     cu = cu_seqlens_of([n])
     cu_cmp = compressed_cu_seqlens(cu, cfg.kernel_size, cfg.kernel_stride)
     got = select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
-    assert torch.equal(got, reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg))
+    assert torch.equal(got, topk_ref.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg))
     assert got[-1, 0].tolist() == [0, 7, 8, 9, 10]

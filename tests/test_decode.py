@@ -6,9 +6,10 @@ import torch
 
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
-from fsalab.ops import decode, decode_reference
-from fsalab.ops.decode_cache import NSADecodeCache
-from fsalab.ops.reference import native_precision
+from fsalab.ops import decode
+from fsalab.ops.decode import NSADecodeCache
+from fsalab.ops.decode import reference as decode_reference
+from fsalab.ops.reference_common import native_precision
 from fsalab.testing import assert_close, cu_seqlens_of, poisoned_allocations
 
 # The Triton step on CPU tensors runs through the interpreter; on a GPU host tests/test_decode_gpu.py covers it.
@@ -98,7 +99,7 @@ def _random_cache(cfg, lengths, h, h_kv, d, dtype, capacity, seed):
     k, v = rnd(total, h_kv, d), rnd(total, h_kv, d)
     w = [rnd(h_kv, cfg.kernel_size * d, d) / (cfg.kernel_size * d) ** 0.5 for _ in range(2)]
     pe = rnd(h_kv, cfg.kernel_size, d) * 0.02
-    from fsalab.ops.reference import compress_kv
+    from fsalab.ops.compression.reference import compress_kv
 
     cu = cu_seqlens_of(lengths)
     k_cmp, v_cmp, _ = compress_kv(k, v, w[0], w[1], pe, cu, cfg)

@@ -8,8 +8,9 @@ import torch
 from fsalab.bench.timing import capture_graph
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
-from fsalab.ops import decode, decode_reference
-from fsalab.ops.decode_cache import NSADecodeCache
+from fsalab.ops import decode
+from fsalab.ops.decode import NSADecodeCache
+from fsalab.ops.decode import reference as decode_reference
 from fsalab.testing import assert_close, cu_seqlens_of, poisoned_allocations
 from host_reads import HostReads
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from fsalab.ops.selection import dispatch
+from fsalab.ops.selected import dispatch
 from fsalab.testing import check_selected_attention, make_batch, random_block_idx
 
 

@@ -29,8 +29,10 @@ from fsalab.bench import grid, kernel, points, provenance, rows, train
 from fsalab.bench.repo import repo_root
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
-from fsalab.ops import reference
-from fsalab.ops.selection import resolve, selected_attention
+from fsalab.ops.compression import reference as compression_ref
+from fsalab.ops.selected import reference as selected_ref
+from fsalab.ops.selected import resolve, selected_attention
+from fsalab.ops.window import reference as window_ref
 from fsalab.testing import LaunchCounter, cu_seqlens_of
 
 ROOT = repo_root()
@@ -382,13 +384,13 @@ def test_reference_ops_keep_nan_causal_and_in_its_sequence(op, where):
         x[where][token] = float("nan")
         if op == "selected":
             blk = torch.cat([_own_and_first_blocks(40, bs)] * 2)
-            o, _ = reference.selected_attention(q, x["k"], x["v"], blk, cu, bs)
+            o, _ = selected_ref.selected_attention(q, x["k"], x["v"], blk, cu, bs)
         elif op == "window":
-            o, _ = reference.window_attention(q, x["k"], x["v"], cu, cfg.window_size)
+            o, _ = window_ref.window_attention(q, x["k"], x["v"], cu, cfg.window_size)
         else:
             w = torch.ones(1, 16 * 16, 16) / 16
-            k_cmp, v_cmp, cu_cmp = reference.compress_kv(x["k"], x["v"], w, w, torch.zeros(1, 16, 16), cu, cfg)
-            o, _ = reference.compressed_attention(q, k_cmp, v_cmp, cu, cu_cmp, cfg)
+            k_cmp, v_cmp, cu_cmp = compression_ref.compress_kv(x["k"], x["v"], w, w, torch.zeros(1, 16, 16), cu, cfg)
+            o, _ = compression_ref.compressed_attention(q, k_cmp, v_cmp, cu, cu_cmp, cfg)
         reached = _reach(o)
         end = 40 if token < 40 else 80
         assert reached and all(token <= t < end for t in reached), (token, reached)
@@ -435,7 +437,7 @@ def test_kernels_keep_a_later_tokens_bad_value_out_of_earlier_tokens(impl, optio
     q, k, v, cu = _qkv(lengths)
     v[21] = bad
     blk = torch.cat([_own_and_first_blocks(48, bs), _own_and_first_blocks(20, bs)])
-    expected = _reach(reference.selected_attention(q, k, v, blk, cu, bs)[0])
+    expected = _reach(selected_ref.selected_attention(q, k, v, blk, cu, bs)[0])
     assert expected == list(range(21, 32))  # block 1 only: later blocks select blocks 0 and their own
     assert _reach(_selected(impl, options, q, k, v, blk, cu, bs)) == expected
 
@@ -451,7 +453,7 @@ def test_bad_value_in_a_row_of_many_token_ranges(impl, options):
     q, k, v, cu = _qkv(lengths)
     v[5] = float("nan")
     blk = torch.cat([_own_and_first_blocks(300, bs), _own_and_first_blocks(20, bs)])
-    expected = _reach(reference.selected_attention(q, k, v, blk, cu, bs)[0])
+    expected = _reach(selected_ref.selected_attention(q, k, v, blk, cu, bs)[0])
     assert expected == list(range(5, 300))
     launches = []  # (programs, CONTAIN) of each _partial_kernel launch
 

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from fsalab.config import NSAConfig
-from fsalab.ops import flash, reference
+from fsalab.ops import flash
+from fsalab.ops.compression import reference as compression_ref
+from fsalab.ops.window import reference as window_ref
 from fsalab.testing import LaunchCounter, assert_close, check_attention, compressed_inputs, make_batch
 
 pytestmark = pytest.mark.usefixtures("poison_flash_buffers")
@@ -19,7 +21,7 @@ def _window(window_size):
         return flash.flash_attention(q, k, v, cu, mask="window", window_size=window_size)
 
     def ref(q, k, v, cu):
-        return reference.window_attention(q, k, v, cu, window_size)
+        return window_ref.window_attention(q, k, v, cu, window_size)
 
     return op, ref
 
@@ -31,7 +33,7 @@ def _compressed(cfg, cu_cmp):
         )
 
     def ref(q, k, v, cu):
-        return reference.compressed_attention(q, k, v, cu, cu_cmp, cfg)
+        return compression_ref.compressed_attention(q, k, v, cu, cu_cmp, cfg)
 
     return op, ref
 
@@ -108,7 +110,7 @@ def test_strided_inputs(seed, device):
         o, lse = flash.flash_attention(q, k, v, b.cu_seqlens, window_size=20)
     copies = {op: n for op, n in launches.counts.items() if op in ("aten:clone", "aten:copy_", "aten:_to_copy")}
     assert not copies, copies
-    ro, rl = reference.window_attention(b.q, b.k, b.v, b.cu_seqlens, 20)
+    ro, rl = window_ref.window_attention(b.q, b.k, b.v, b.cu_seqlens, 20)
     assert_close(o, ro, name="o")
     assert_close(lse, rl, name="lse")
 

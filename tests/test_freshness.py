@@ -13,11 +13,11 @@ from fsalab.reproduction import freshness as fr
 def test_an_experiment_executes_its_runner_and_the_kernels_named_by_string():
     kernel = fr.experiment_sources("kernel")
     # The impl table imports the FSA kernels by module name (a string), not by an import statement.
-    assert {"src/fsalab/bench/kernel.py", "src/fsalab/ops/selection/fsa.py", "src/fsalab/ops/selection/nsa.py",
+    assert {"src/fsalab/bench/kernel.py", "src/fsalab/ops/selected/fsa.py", "src/fsalab/ops/selected/nsa.py",
             "src/fsalab/__init__.py"} <= set(kernel)
     assert not any(f.startswith(("src/fsalab/reproduction/", "experiments/")) for f in kernel)
     decode = fr.experiment_sources("decode")
-    assert "src/fsalab/ops/decode.py" in decode and "src/fsalab/bench/decode.py" in decode
+    assert "src/fsalab/ops/decode/step.py" in decode and "src/fsalab/bench/decode.py" in decode
     assert "src/fsalab/bench/kernel.py" not in decode
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fsalab.ops import full, reference
+from fsalab.ops import full
 from fsalab.ops.window import flash_attn_varlen
+from fsalab.ops.window import reference as window_ref
 from fsalab.testing import check_attention, make_batch
 
 pytestmark = pytest.mark.usefixtures("poison_flash_buffers")
@@ -18,7 +19,7 @@ def _check(lengths, h, h_kv, d, impl, dtype, seed, device, max_seqlen=None, q_sc
     cu, total = b.cu_seqlens, b.total
     check_attention(
         lambda q, k, v: full.full_attention(q, k, v, cu, max_seqlen, impl=impl),
-        lambda q, k, v: reference.window_attention(q, k, v, cu, total),
+        lambda q, k, v: window_ref.window_attention(q, k, v, cu, total),
         (b.q, b.k, b.v), dtype, seed,
     )
 

@@ -1,18 +1,19 @@
-"""The fused gated sum (ops/gate.py) against reference.gated_sum: output and all four gradients."""
+"""The fused gated sum (ops/gate/fused.py) against gate.reference.gated_sum: output and all four gradients."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fsalab.ops import gate, reference
+from fsalab.ops.gate import fused
+from fsalab.ops.gate import reference as gate_ref
 from fsalab.testing import assert_close, poison
 
 
 @pytest.fixture(autouse=True)
 def poison_buffers(monkeypatch):
     """Every buffer the kernels must fill starts as NaN: an unwritten element fails the comparison."""
-    monkeypatch.setattr(gate, "_empty", poison)
+    monkeypatch.setattr(fused, "_empty", poison)
 
 
 def _check(total, h, d, dtype, gate_dtype, gen, device, logit_scale=1.0):
@@ -23,9 +24,9 @@ def _check(total, h, d, dtype, gate_dtype, gen, device, logit_scale=1.0):
     leaves = [t.to(dt).to(device).requires_grad_() for t, dt in zip(tensors, dtypes)]
     exact = [t.detach().double().requires_grad_() for t in leaves]
     native = [t.detach().clone().requires_grad_() for t in leaves]
-    o = gate.gated_sum(*leaves)
-    ro = reference.gated_sum(*exact)
-    no = reference.gated_sum(*native)
+    o = fused.gated_sum(*leaves)
+    ro = gate_ref.gated_sum(*exact)
+    no = gate_ref.gated_sum(*native)
     assert o.dtype == dtype and o.shape == (total, h, d)
     assert_close(o, ro, no, dtype, name="o")
     do = torch.randn(total, h, d, generator=gen).to(device)
@@ -57,7 +58,7 @@ def test_edge_cases(total, h, dtype, gate_dtype, logit_scale, gen, device):
 def test_no_tokens(device):
     outs = [torch.zeros(0, 2, 16, device=device, requires_grad=True) for _ in range(3)]
     logits = torch.zeros(0, 2, 3, device=device, requires_grad=True)
-    o = gate.gated_sum(*outs, logits)
+    o = fused.gated_sum(*outs, logits)
     o.sum().backward()
     assert o.shape == (0, 2, 16) and logits.grad.shape == (0, 2, 3)
 
@@ -69,18 +70,18 @@ def test_non_contiguous_inputs(gen, device):
     o_cmp, o_slc = (torch.randn(20, 4, 16, generator=gen).to(device) for _ in range(2))
     logits = wide[:, :, 1:4]
     assert not logits.is_contiguous() and not o_win.is_contiguous()
-    assert_close(gate.gated_sum(o_cmp, o_slc, o_win, logits), reference.gated_sum(o_cmp, o_slc, o_win, logits),
+    assert_close(fused.gated_sum(o_cmp, o_slc, o_win, logits), gate_ref.gated_sum(o_cmp, o_slc, o_win, logits),
                  dtype=torch.float32, name="o")
 
 
 def test_errors():
     o = torch.zeros(4, 2, 8)
     with pytest.raises(ValueError, match="o_win"):
-        gate.gated_sum(o, o, o.half(), torch.zeros(4, 2, 3))
+        fused.gated_sum(o, o, o.half(), torch.zeros(4, 2, 3))
     with pytest.raises(ValueError, match="gate_logits must be"):
-        gate.gated_sum(o, o, o, torch.zeros(4, 2, 2))
+        fused.gated_sum(o, o, o, torch.zeros(4, 2, 2))
     with pytest.raises(TypeError, match="dtype"):
-        gate.gated_sum(o.double(), o.double(), o.double(), torch.zeros(4, 2, 3))
+        fused.gated_sum(o.double(), o.double(), o.double(), torch.zeros(4, 2, 3))
 
 
 @pytest.mark.gpu
@@ -95,7 +96,7 @@ def test_gate_op_picks_by_name():
     from fsalab.ops import gate_op
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert gate_op("auto", cpu) is reference.gated_sum and gate_op("reference", cuda) is reference.gated_sum
-    assert gate_op("auto", cuda) is gate.gated_sum and gate_op("triton", cpu) is gate.gated_sum
+    assert gate_op("auto", cpu) is gate_ref.gated_sum and gate_op("reference", cuda) is gate_ref.gated_sum
+    assert gate_op("auto", cuda) is fused.gated_sum and gate_op("triton", cpu) is fused.gated_sum
     with pytest.raises(ValueError, match="gate impl"):
         gate_op("fused", cpu)

@@ -1,5 +1,5 @@
-"""The compression branch's kernels (ops/compress_kv.py, ops/block_select.py) at 8K-128K tokens
-on the GPU, against ops/reference.py.
+"""The compression branch's kernels (ops/compression/compress_kv.py, ops/topk/block_select.py) at 8K-128K tokens
+on the GPU, against their fp32 references (``<op>/reference.py``).
 
 compress_kv: the forward and all five gradients within 2x PyTorch's own error in the dtype, and
 a second backward bitwise equal to the first. select_blocks (its Triton and its Gluon kernel): a
@@ -14,8 +14,11 @@ import pytest
 import torch
 
 from fsalab.config import NSAConfig
-from fsalab.ops import reference
-from fsalab.ops.compression import compress_kv, select_blocks
+from fsalab.ops.compression import compress_kv
+from fsalab.ops.compression import reference as compression_ref
+from fsalab.ops.reference_common import native_precision
+from fsalab.ops.topk import reference as topk_ref
+from fsalab.ops.topk import select_blocks
 from fsalab.testing import assert_close, check_selection, cu_seqlens_of
 from fsalab.varlen import compressed_cu_seqlens
 
@@ -48,9 +51,9 @@ def test_compress_kv_forward_backward(lengths, dtype, seed, device):
     gen = torch.Generator(device=device).manual_seed(seed)
     params, cu = _compress_params(lengths, dtype, gen, device, grad=True)
     outs = compress_kv(*params, cu, cfg)[:2]
-    ref = reference.compress_kv(*params, cu, cfg)[:2]
-    with reference.native_precision():
-        nat = reference.compress_kv(*params, cu, cfg)[:2]
+    ref = compression_ref.compress_kv(*params, cu, cfg)[:2]
+    with native_precision():
+        nat = compression_ref.compress_kv(*params, cu, cfg)[:2]
     for name, a, b, c in zip(("k_cmp", "v_cmp"), outs, ref, nat):
         assert_close(a, b, c, dtype=dtype, name=name)
     upstream = [torch.randn(o.shape, generator=gen, device=device) for o in outs]
@@ -72,10 +75,10 @@ def _check_select(lengths, g, cfg, dtype, seed, device, rows_per_slice=None, d=D
     q = (torch.randn(total, H_KV * g, d, generator=gen, device=device) * q_scale).to(dtype)
     k_cmp = torch.randn(total // cfg.kernel_stride, H_KV, d, generator=gen, device=device).to(dtype)
     cu_cmp = compressed_cu_seqlens(cu, cfg.kernel_size, cfg.kernel_stride)
-    _, lse = reference.compressed_attention(q, k_cmp, k_cmp, cu, cu_cmp, cfg)
+    _, lse = compression_ref.compressed_attention(q, k_cmp, k_cmp, cu, cu_cmp, cfg)
     got = select_blocks(q, k_cmp, lse.float(), cu, cu_cmp, cfg, kernel=kernel)
-    expected = reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
-    scores = reference.block_scores(q, k_cmp, lse, cu, cu_cmp, cfg)
+    expected = topk_ref.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
+    scores = topk_ref.block_scores(q, k_cmp, lse, cu, cu_cmp, cfg)
     if rows_per_slice is None:
         check_selection(got, expected, scores, cu, cfg)
         return
@@ -137,8 +140,8 @@ def test_compress_kv_forward_at_128k(seed, device):
     params, cu = _compress_params([131072], torch.bfloat16, torch.Generator(device=device).manual_seed(seed), device,
                                   grad=False)
     outs = compress_kv(*params, cu, cfg)[:2]
-    ref = reference.compress_kv(*params, cu, cfg)[:2]
-    with reference.native_precision():
-        nat = reference.compress_kv(*params, cu, cfg)[:2]
+    ref = compression_ref.compress_kv(*params, cu, cfg)[:2]
+    with native_precision():
+        nat = compression_ref.compress_kv(*params, cu, cfg)[:2]
     for name, a, b, c in zip(("k_cmp", "v_cmp"), outs, ref, nat):
         assert_close(a, b, c, dtype=torch.bfloat16, name=name)

@@ -1,5 +1,5 @@
 """The FlashAttention kernels (ops/flash.py) and the ops built on them — sliding window
-(ops/window.py), compressed attention (ops/compression.py), full-attention baselines
+(ops/window), compressed attention (ops/compression), full-attention baselines
 (ops/full.py) — at 8K-32K tokens on the GPU, against the fp32 reference.
 
 Every case compares o (and lse where the op returns it) and, with ``backward``, dq, dk, dv with
@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from fsalab.config import NSAConfig
-from fsalab.ops import reference
 from fsalab.ops.compression import compressed_attention
+from fsalab.ops.compression import reference as compression_ref
 from fsalab.ops.full import full_attention
 from fsalab.ops.window import flash_attn_varlen, window_attention
+from fsalab.ops.window import reference as window_ref
 from fsalab.testing import check_attention, compressed_inputs, make_batch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_flash_buffers")]
@@ -67,11 +68,11 @@ def _inputs(mode, lengths, h, h_kv, d, seed, device):
 def _op_and_reference(mode, impl, cu, cu_cmp):
     """(op(q, k, v), ref(q, k, v)) of a mode (window | compressed | full) and impl."""
     if mode == "window":
-        ref = lambda q, k, v: reference.window_attention(q, k, v, cu, W)  # noqa: E731
+        ref = lambda q, k, v: window_ref.window_attention(q, k, v, cu, W)  # noqa: E731
     elif mode == "compressed":
-        ref = lambda q, k, v: reference.compressed_attention(q, k, v, cu, cu_cmp, CFG)  # noqa: E731
+        ref = lambda q, k, v: compression_ref.compressed_attention(q, k, v, cu, cu_cmp, CFG)  # noqa: E731
     else:
-        ref = lambda q, k, v: reference.window_attention(q, k, v, cu, q.shape[0])  # noqa: E731
+        ref = lambda q, k, v: window_ref.window_attention(q, k, v, cu, q.shape[0])  # noqa: E731
     if mode == "window":
         return (lambda q, k, v: window_attention(q, k, v, cu, W, backend=impl)), ref
     if mode == "compressed":

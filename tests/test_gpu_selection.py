@@ -1,5 +1,5 @@
-"""Selected attention at 4K-64K tokens on the GPU: NSA's query-outer kernel (selection/nsa.py)
-and FSA's KV-block-outer kernels (selection/fsa*.py, both variants and the paper's ablation
+"""Selected attention at 4K-64K tokens on the GPU: NSA's query-outer kernel (selected/nsa.py)
+and FSA's KV-block-outer kernels (selected/fsa*.py, both variants and the paper's ablation
 switches), against the fp32 reference.
 
 Block indices come from NSA's compression path on random inputs (``fsalab.bench.inputs``), as
@@ -15,11 +15,14 @@ import functools
 import pytest
 import torch
 
+from fsalab.bench import grid
 from fsalab.bench.inputs import make_inputs
+from fsalab.bench.points import KernelPoint
 from fsalab.config import NSAConfig
-from fsalab.ops import reference
-from fsalab.ops.selection import resolve
-from fsalab.ops.selection.fsa import selected_attention_fsa_paper
+from fsalab.ops.reference_common import native_precision
+from fsalab.ops.selected import reference as selected_ref
+from fsalab.ops.selected import resolve
+from fsalab.ops.selected.fsa import selected_attention_fsa_paper
 from fsalab.testing import assert_close, check_selected_attention, make_batch, selected_blocks
 
 # Fresh allocations poisoned (NaN, integer minimum): back-to-back cases of one shape would
@@ -32,10 +35,10 @@ SWITCHES = {"fsa_paper_no_inner_loop": (False, True), "fsa_paper_no_early_return
 MULTI_SHORT = [5] * 40 + [100] * 10 + [7000]  # many short packed sequences and one long one
 
 
-def _point(n, g, block_size=64, topk=16, dtype="bfloat16", batch=1, h_kv=4, d=128, seed=0) -> dict:
-    return {"N": n, "g": g, "h_kv": h_kv, "d": d, "batch": batch, "block_size": block_size, "topk": topk,
-            "dtype": dtype, "kernel_size": 32, "kernel_stride": 16, "init_blocks": 1, "local_blocks": 2,
-            "window_size": 512, "seed": seed}
+def _point(n, g, block_size=64, topk=16, dtype="bfloat16", batch=1, h_kv=4, d=128, seed=0) -> KernelPoint:
+    return grid.kernel_point({"op": "selected", "impl": "reference", "direction": "fwd", "N": n, "g": g, "h_kv": h_kv,
+                              "d": d, "batch": batch, "block_size": block_size, "topk": topk, "dtype": dtype,
+                              "seed": seed}, "test_gpu_selection")
 
 
 CASES = [
@@ -87,9 +90,9 @@ def test_matches_reference(case, device):
     bs, cu, block_idx = p["block_size"], x.cu_seqlens, x.block_idx
     do = torch.randn(q.shape, generator=torch.Generator(device=device).manual_seed(p["seed"] + 1), device=device)
     actual = _run(fn, q, k, v, block_idx, cu, bs, do, backward)
-    expected = _run(reference.selected_attention, q.float(), k.float(), v.float(), block_idx, cu, bs, do, backward)
-    with reference.native_precision():
-        native = _run(reference.selected_attention, q, k, v, block_idx, cu, bs, do, backward)
+    expected = _run(selected_ref.selected_attention, q.float(), k.float(), v.float(), block_idx, cu, bs, do, backward)
+    with native_precision():
+        native = _run(selected_ref.selected_attention, q, k, v, block_idx, cu, bs, do, backward)
     assert actual[0].dtype == q.dtype and actual[1].dtype == torch.float32
     for name, a, e, n in zip(("o", "lse", "dq", "dk", "dv"), actual, expected, native):
         assert_close(a, e, n, dtype=q.dtype, name=name)

@@ -1,7 +1,7 @@
 """The NSA module and the patched decoder layer capture in a CUDA graph, forward and backward.
 
 A captured step replays with no launch path at all (the host enqueues one graph), which is what
-makes short sequences fast (docs/perf-log.md, "Launch path"). Capture needs static shapes and no
+makes short sequences fast (docs/performance.md, "Whole NSA attention"). Capture needs static shapes and no
 host synchronisation anywhere on the path, backward included. The replay, on inputs written into
 the captured buffers after the capture, must reproduce an eager step on the same inputs (to
 rounding: cuBLAS may pick another GEMM algorithm inside a capture); a replay that read stale

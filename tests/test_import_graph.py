@@ -1,4 +1,5 @@
-"""Import structure of src/fsalab (DESIGN §1): no import circles, and no layer imports one above it.
+"""Import structure of src/fsalab (DESIGN §1): no import circles, no layer imports one above it,
+and no code outside src/ and the tools' folders: results/ holds data only.
 
 The graph is read from the source with ``ast`` (every ``import`` / ``from ... import`` statement,
 at module level or inside functions): an edge a -> b when module a imports module b (``from pkg
@@ -8,11 +9,18 @@ import name`` counts as importing ``pkg.name`` when that is a module, else ``pkg
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
+
+import pytest
 
 import fsalab
 
 SRC = Path(fsalab.__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]
+# What results/<platform>/ may hold: the aggregated tables, the point files behind them, and
+# the gzipped logs (and GPU-suite summaries) of the runs they come from.
+RESULT_SUFFIXES = (".csv", ".json", ".log.gz", ".txt.gz")
 
 # DESIGN §1, bottom to top: config -> ops -> modules -> models -> bench -> results ->
 # reproduction / figures -> cli. The longest matching prefix names a module's layer.
@@ -20,8 +28,9 @@ LAYERS = {
     "fsalab.config": 0, "fsalab.checks": 0, "fsalab.varlen": 0, "fsalab.theory": 0, "fsalab.data": 0,
     "fsalab.ops": 1,
     "fsalab": 2, "fsalab.modules": 2,  # the package root re-exports NSAConfig and the module
+    "fsalab.testing": 2,  # test helpers over the ops and the module; the benchmark's check uses them
     "fsalab.models": 3, "fsalab.parallel": 3,
-    "fsalab.bench": 4, "fsalab.testing": 4,  # testing shares the benchmark's inputs and op bindings
+    "fsalab.bench": 4,
     "fsalab.results": 5,
     "fsalab.reproduction": 6, "fsalab.plotting": 6,
     "fsalab.cli": 7, "fsalab.smoke": 7,
@@ -142,8 +151,25 @@ def test_graph_sees_the_imports():
     """The walker resolves relative imports: a few edges that the code has."""
     graph = import_graph()
     assert "fsalab.ops._triton" in graph["fsalab.ops.flash"]
-    assert "fsalab.ops.selection.fsa_partials" in graph["fsalab.ops.selection.fsa_bwd"]
+    assert "fsalab.ops.selected.fsa_partials" in graph["fsalab.ops.selected.fsa_bwd"]
     assert "fsalab.modules.nsa" in graph["fsalab.modules"]
+
+
+def _tracked(folder: str) -> list[str]:
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", folder], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return [f for f in out.decode().split("\0") if f]
+
+
+def test_results_hold_data_only():
+    """No script, notebook, patch, kernel copy or archive under results/: every tracked file is
+    a table, a point file or a compressed log."""
+    files = _tracked("results")
+    assert files, "git lists no file under results/"
+    foreign = [f for f in files if not f.endswith(RESULT_SUFFIXES)]
+    assert not foreign, foreign[:20]
 
 
 def test_no_test_module_imports_another():

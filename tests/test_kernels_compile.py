@@ -1,4 +1,4 @@
-"""The planning kernels (index_kernels, worklist) and the gated sum (ops/gate.py) compile for the
+"""The planning kernels (index_kernels, worklist) and the gated sum (ops/gate/fused.py) compile for the
 H100/H200 (sm_90) with the ptxas
 in Triton's wheel, no GPU needed: the interpreter that runs them in the other tests accepts
 code the compiler may reject."""

@@ -1,6 +1,6 @@
 """Kernel launches per selected-attention call, and per whole NSA attention call, stay few:
-short calls are bound by the host's time to enqueue them (results/h200/checks/profile_launch.log,
-scripts/count_launches.py).
+short calls are bound by the host's time to enqueue them (docs/performance.md, "Whole NSA
+attention"; scripts/count_launches.py).
 
 The bounds are the counts after the planning was fused into a few Triton kernels (before: fsa
 forward 61 aten ops + 2 Triton launches, backward 21 + 4; NSA backward 60 + 3). torch.sort
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fsalab.ops.selection import selected_attention
-from fsalab.testing import LaunchCounter, make_batch, nsa_attention_calls, nsa_module_forward, random_block_idx
+from fsalab.bench.kernel import nsa_attention_calls
+from fsalab.ops.selected import selected_attention
+from fsalab.testing import LaunchCounter, make_batch, nsa_module_forward, random_block_idx
 
 # (impl, direction) -> most launches per call.
 LIMITS = {
@@ -78,7 +79,7 @@ def test_launches_per_call(impl, direction, monkeypatch, device):
 
 # Whole NSA attention (compression, compressed attention, selection, selected and window
 # attention, gates), impl -> (fwd, bwd) launches, Triton + aten ops. fsa forward: 10 + 19 before
-# the gated sum became one kernel per direction (ops/gate.py), 11 + 13 after, 12 + 1 since the
+# the gated sum became one kernel per direction (ops/gate/fused.py), 11 + 13 after, 12 + 1 since the
 # compressed offsets are one kernel (compression.compressed_offsets; the aten op left is the
 # index's sort), 14 + 1 since FSA's forward keeps NaN/Inf values causal in two extra launches
 # (the blocks holding them flagged, their partials recomputed), so that its common path never

@@ -138,7 +138,7 @@ def test_patched_model_with_kernels_matches_reference(impl, seed):
     against the same weights with the PyTorch reference: fp32 logits, and the gradient of every
     parameter (HF's and NSA's) of a loss on them. fsalab's own kernels must import: a failed
     import is an error, not a skip."""
-    from fsalab.ops.selection import resolve
+    from fsalab.ops.selected import resolve
 
     assert callable(resolve(impl))
     base = tiny_model("qwen3-14b", seed, layers=1)

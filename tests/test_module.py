@@ -122,7 +122,7 @@ def test_kernel_branches_match_the_reference_module(selection_impl, dtype):
     element a kernel leaves unwritten fails). The packed batch holds one token, fewer tokens than
     kernel_size, a block and a bit, and several blocks; g = 3, d = 16. A fixed seed: a near-tie
     between two blocks' scores would pick another block, not a rounding error."""
-    from fsalab.ops.reference import native_precision
+    from fsalab.ops.reference_common import native_precision
     from fsalab.testing import LaunchCounter, assert_close
 
     cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=2, init_blocks=1, local_blocks=1,

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 from fsalab.bench import grid, kernel
-from fsalab.ops.selection import fla_nsa, selected_attention
+from fsalab.ops.selected import fla_nsa, selected_attention
 from fsalab.testing import check_selected_attention, make_batch, random_block_idx
 
 ON_GPU = torch.cuda.is_available()

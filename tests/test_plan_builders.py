@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fsalab.ops.selection import fsa_plan, nsa, worklist
-from fsalab.ops.selection.index import (
+from fsalab.ops.selected import fsa_plan, nsa, worklist
+from fsalab.ops.selected.index import (
     block_capacity,
     build_selection_index,
     token_starts,

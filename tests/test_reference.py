@@ -1,4 +1,5 @@
-"""ops/reference.py against the independent dense-mask formulation (tests/dense_nsa.py)."""
+"""The ops' fp32 references (``fsalab.ops.<op>.reference``), composed into whole NSA attention,
+against the independent dense-mask formulation (tests/dense_nsa.py)."""
 
 import math
 
@@ -7,7 +8,12 @@ import torch
 from dense_nsa import dense_nsa_sequence
 
 from fsalab.config import NSAConfig
-from fsalab.ops import reference
+from fsalab.ops import reference_common
+from fsalab.ops.compression import reference as compression_ref
+from fsalab.ops.gate import reference as gate_ref
+from fsalab.ops.selected import reference as selected_ref
+from fsalab.ops.topk import reference as topk_ref
+from fsalab.ops.window import reference as window_ref
 from fsalab.testing import make_batch, random_lengths
 
 CONFIGS = [
@@ -18,9 +24,15 @@ CONFIGS = [
 
 
 def run_reference(batch, params, gate_logits, cfg):
-    k_cmp, v_cmp, cu_cmp = reference.compress_kv(batch.k, batch.v, *params, batch.cu_seqlens, cfg)
-    o, block_idx = reference.nsa_attention(batch.q, batch.k, batch.v, k_cmp, v_cmp, gate_logits, batch.cu_seqlens, cu_cmp, cfg)
-    return o, block_idx, k_cmp, cu_cmp
+    """All three branches and the gates of the references on already-projected tensors:
+    (o [total, h, d], block_idx, k_cmp, cu_seqlens_cmp)."""
+    q, k, v, cu = batch.q, batch.k, batch.v, batch.cu_seqlens
+    k_cmp, v_cmp, cu_cmp = compression_ref.compress_kv(k, v, *params, cu, cfg)
+    o_cmp, lse_cmp = compression_ref.compressed_attention(q, k_cmp, v_cmp, cu, cu_cmp, cfg)
+    block_idx = topk_ref.select_blocks(q, k_cmp, lse_cmp, cu, cu_cmp, cfg)
+    o_slc, _ = selected_ref.selected_attention(q, k, v, block_idx, cu, cfg.block_size)
+    o_win, _ = window_ref.window_attention(q, k, v, cu, cfg.window_size)
+    return gate_ref.gated_sum(o_cmp, o_slc, o_win, gate_logits), block_idx, k_cmp, cu_cmp
 
 
 def random_params(gen, h_kv, d, cfg):
@@ -65,11 +77,11 @@ def test_branches_match_dense_masks(gen, seed):
     lengths = [257, 40, 130]
     batch = make_batch(lengths, h_kv * g, h_kv, d, seed=seed)
     params = random_params(gen, h_kv, d, cfg)
-    k_cmp, v_cmp, cu_cmp = reference.compress_kv(batch.k, batch.v, *params, batch.cu_seqlens, cfg)
-    o_cmp, lse = reference.compressed_attention(batch.q, k_cmp, v_cmp, batch.cu_seqlens, cu_cmp, cfg)
-    block_idx = reference.select_blocks(batch.q, k_cmp, lse, batch.cu_seqlens, cu_cmp, cfg)
-    o_slc, _ = reference.selected_attention(batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, cfg.block_size)
-    o_win, _ = reference.window_attention(batch.q, batch.k, batch.v, batch.cu_seqlens, cfg.window_size)
+    k_cmp, v_cmp, cu_cmp = compression_ref.compress_kv(batch.k, batch.v, *params, batch.cu_seqlens, cfg)
+    o_cmp, lse = compression_ref.compressed_attention(batch.q, k_cmp, v_cmp, batch.cu_seqlens, cu_cmp, cfg)
+    block_idx = topk_ref.select_blocks(batch.q, k_cmp, lse, batch.cu_seqlens, cu_cmp, cfg)
+    o_slc, _ = selected_ref.selected_attention(batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, cfg.block_size)
+    o_win, _ = window_ref.window_attention(batch.q, batch.k, batch.v, batch.cu_seqlens, cfg.window_size)
     cu = batch.cu_seqlens.tolist()
     gate = torch.zeros(batch.total, h_kv * g, 3)
     for i in range(len(lengths)):
@@ -116,11 +128,11 @@ def test_selected_reference_keeps_no_gathered_kv_for_the_backward(monkeypatch, g
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            o, _ = reference.selected_attention(q, k, v, block_idx, batch.cu_seqlens, block_size)
+            o, _ = selected_ref.selected_attention(q, k, v, block_idx, batch.cu_seqlens, block_size)
         return torch.autograd.grad(o, (q, k, v), do), sum(saved.values())
 
     whole, _ = grads()
-    monkeypatch.setattr(reference, "_CHUNK_BUDGET", 1 << 14)  # many chunks, as at benchmark sizes
+    monkeypatch.setattr(reference_common, "CHUNK_BUDGET", 1 << 14)  # many chunks, as at benchmark sizes
     chunked, kept = grads()
     inputs = sum(t.numel() * 4 for t in (batch.q, batch.k, batch.v))
     gathered = batch.total * h_kv * topk * block_size * d * 4 * 2

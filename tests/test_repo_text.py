@@ -1,6 +1,6 @@
 """The repository's text speaks of the project: no tracked file, by name or content, dates a change
 by a work-history label (one of the words below followed by a number); changes are dated by commit
-or date and their history lives in git and docs/perf-log.md."""
+or date and their history lives in git."""
 
 from __future__ import annotations
 

@@ -374,8 +374,8 @@ def test_versus_findings_name_the_eager_only_losses():
 
 def _rerun_scratch_repo(tmp_path):
     """A scratch repository with the re-run scripts and three committed kernel point files of
-    commit 1111111, all three moved aside by ``results.supersede`` (uncommitted), then point c
-    measured again. Returns (repo, kernel folder, git runner)."""
+    commit 1111111, all three moved aside by ``results.supersede`` (uncommitted; superseded/ is
+    ignored), then point c measured again. Returns (repo, kernel folder, git runner)."""
     import shutil
     import subprocess
 
@@ -387,6 +387,7 @@ def _rerun_scratch_repo(tmp_path):
     kernel.mkdir(parents=True)
     for name in ("a", "b.v2", "c"):
         (kernel / f"{name}.json").write_text(json.dumps({"point": name, "provenance": {"git_commit": "1111111aaa"}}))
+    (repo / ".gitignore").write_text("results/*/superseded/\n")  # as the repository's own
 
     def git(*args):
         ident = ["-c", "user.name=t", "-c", "user.email=t@t"]
@@ -410,29 +411,30 @@ def _run_script(repo, *args):
 def test_restore_unrun_puts_back_only_the_moves_not_measured_again(tmp_path):
     """scripts/restore_unrun.sh: of three points moved aside by ``results.supersede``, one was
     measured again (its file exists anew) and stays re-measured; the other two come back from
-    superseded/ unchanged."""
+    superseded/ unchanged; a copy of point a set aside in an earlier session stays where it is."""
     repo, kernel, _ = _rerun_scratch_repo(tmp_path)
+    aside = repo / "results" / "h200" / "superseded" / "kernel"
+    (aside / "a.0000000.json").write_text('{"point": "a", "older": true}')
     out = _run_script(repo, "scripts/restore_unrun.sh")
     assert out.returncode == 0 and "2 point files put back, 0 left out" in out.stdout
     assert json.loads((kernel / "a.json").read_text())["provenance"]["git_commit"] == "1111111aaa"
     assert (kernel / "b.v2.json").exists() and json.loads((kernel / "c.json").read_text())["measured"] == "again"
-    assert sorted(p.name for p in (repo / "results" / "h200" / "superseded" / "kernel").iterdir()) == ["c.1111111.json"]
+    assert sorted(p.name for p in aside.iterdir()) == ["a.0000000.json", "c.1111111.json"]
 
 
 def test_commit_collected_commits_the_measured_and_keeps_the_unrun_restorable(tmp_path):
-    """scripts/commit_collected.sh between device calls: it commits the point measured again
-    (with its superseded copy), a point measured for the first time and the table, but not the
-    deletion of the two points still set aside, which restore_unrun.sh then puts back."""
+    """scripts/commit_collected.sh between device calls: it commits the point measured again, a
+    point measured for the first time and the table, but not the deletion of the two points still
+    set aside, which restore_unrun.sh then puts back."""
     repo, kernel, git = _rerun_scratch_repo(tmp_path)
     (kernel / "d.json").write_text('{"point": "d"}')
     (repo / "results" / "h200" / "kernel.csv").write_text("point\nc\nd\n")
     out = _run_script(repo, "scripts/commit_collected.sh", "h200", "-m", "measured rows")
     assert out.returncode == 0, out.stderr
-    assert "committed 4 files; points measured again: 1; set aside, still to measure: 2" in out.stdout
+    assert "committed 3 files; points measured again: 1; set aside, still to measure: 2" in out.stdout
     assert sorted(git("show", "--name-status", "--format=", "HEAD").splitlines()) == [
         "A\tresults/h200/kernel.csv",
         "A\tresults/h200/kernel/d.json",
-        "A\tresults/h200/superseded/kernel/c.1111111.json",
         "M\tresults/h200/kernel/c.json",
     ]
     assert _run_script(repo, "scripts/commit_collected.sh", "h200", "-m", "nothing new").returncode == 1

@@ -1,4 +1,4 @@
-"""scripts/sass_loop_count.py, whose counts docs/perf-log.md cites, still builds the select
+"""scripts/sass_loop_count.py, whose counts docs/performance.md cites, still builds the select
 kernel and FSA's forward and backward tile kernels for sm_90a on CPU, finds their main loops and
 refuses an edit it cannot place; the select kernel's 128-row, 8-warp tile at g = 4 (the GPU's
 config there) spills nothing; and the Gluon select kernel at g = 2, 5 and 8 spills nothing and asks
@@ -36,7 +36,7 @@ def test_select_loop_counted_without_spills():
 def test_gluon_select_builds_without_spills(g, block_t):
     """At g = 2 (128 tokens a program, two an SM), g = 5 (64 tokens, each row in two threads, so that
     two programs share an SM; keys prefetched) and g = 8 (64 tokens, the largest that fits)."""
-    from fsalab.ops.block_select_gluon import shared_bytes, tokens_per_program
+    from fsalab.ops.topk.block_select_gluon import shared_bytes, tokens_per_program
 
     assert tokens_per_program(g, 128, 64) == block_t
     out = _run("--kernel", "select_gluon", "--config", f"{g},{block_t},4")
@@ -63,7 +63,7 @@ def test_replace_must_match_once():
 def test_variant_function_and_two_loops(tmp_path):
     """--source/--function/--const build an A/B's variant kernel (here one derived from the tree's
     fused backward with an added constexpr); --loops 2 reports both tile loops of g = 5's head parts."""
-    tree = (Path(__file__).resolve().parents[1] / "src/fsalab/ops/selection/fsa_bwd.py").read_text()
+    tree = (Path(__file__).resolve().parents[1] / "src/fsalab/ops/selected/fsa_bwd.py").read_text()
     head, end = "def _dkdv_kernel(\n", "PREC: tl.constexpr,\n):\n    r, sub, ok = "
     assert tree.count(head) == 1 and tree.count(end) == 1, "the kernel's signature moved: update this test"
     variant = tree.replace(head, "def _dkdv_variant(\n").replace(end, "PREC: tl.constexpr, EXTRA: tl.constexpr,\n):\n    r, sub, ok = ")
@@ -80,7 +80,7 @@ def test_variant_function_and_two_loops(tmp_path):
 def test_same_as_tells_an_equal_kernel_from_a_changed_one(tmp_path):
     """--same-as: the tree's module against a copy of itself is identical; against a copy whose
     plain tiles scale the scores differently, it differs."""
-    tree = (Path(__file__).resolve().parents[1] / "src/fsalab/ops/selection/fsa_partials.py").read_text()
+    tree = (Path(__file__).resolve().parents[1] / "src/fsalab/ops/selected/fsa_partials.py").read_text()
     copy, changed = tmp_path / "same.py", tmp_path / "changed.py"
     copy.write_text(tree)
     old = "s = tl.dot(q_t, tl.trans(k_blk), input_precision=PREC) * qk_scale"
@@ -94,12 +94,12 @@ def test_same_as_tells_an_equal_kernel_from_a_changed_one(tmp_path):
 
 @pytest.mark.parametrize("d, block_r", [(128, 64), (256, 32)])
 def test_ptxas_report_dpe_builds_without_spills(d, block_r):
-    """scripts/ptxas_report.py (the perf-log's register counts of kernels sass_loop_count has no
+    """scripts/ptxas_report.py (register counts of kernels sass_loop_count has no
     plan for) builds compress_kv's dpe kernel at the row tile its launch picks, min(64, 8192 / d),
     with the launcher's stride hints, and it spills nothing."""
     pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its NVIDIA backend")
     out = subprocess.run(
-        [sys.executable, str(SCRIPT.with_name("ptxas_report.py")), "fsalab.ops.compress_kv:_compress_dpe_kernel",
+        [sys.executable, str(SCRIPT.with_name("ptxas_report.py")), "fsalab.ops.compression.compress_kv:_compress_dpe_kernel",
          f"--const=HEAD_DIM={d}", f"--const=LX={32 * d}", f"--const=D_PAD={d}", f"--const=BLOCK_R={block_r}",
          "--const=BLOCK_X=64", "--ptr=tab_ptr=i32", "--int=s_*=16", "--int=rows=4096"],
         capture_output=True, text=True, timeout=600,

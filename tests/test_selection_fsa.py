@@ -1,4 +1,4 @@
-"""FSA KV-block-outer selected attention (ops/selection/fsa*.py) against the fp32 reference.
+"""FSA KV-block-outer selected attention (ops/selected/fsa*.py) against the fp32 reference.
 
 Both variants: ``fsa_paper`` (statistics + main + sum-reduction kernels, with every ablation
 switch combination) and ``fsa`` (log-sum-exp merged partials, grouped heads, fused backward).
@@ -18,8 +18,8 @@ import functools
 import pytest
 import torch
 from fsalab.config import NSAConfig
-from fsalab.ops.selection import fsa, fsa_plan, selected_attention
-from fsalab.ops.selection.fsa_partials import DQ
+from fsalab.ops.selected import fsa, fsa_plan, selected_attention
+from fsalab.ops.selected.fsa_partials import DQ
 from fsalab.testing import (
     LaunchCounter,
     attention_and_grads,

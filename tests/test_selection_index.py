@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fsalab.config import NSAConfig
-from fsalab.ops.selection.index import build_selection_index
+from fsalab.ops.selected.index import build_selection_index
 from fsalab.testing import cu_seqlens_of, make_batch, random_block_idx, random_lengths, selected_blocks
 
 pytestmark = pytest.mark.usefixtures("poison_every_allocation")

@@ -1,4 +1,4 @@
-"""NSA query-outer selected attention (ops/selection/nsa.py) against the fp32 reference.
+"""NSA query-outer selected attention (ops/selected/nsa.py) against the fp32 reference.
 
 Forward o and lse and gradients dq/dk/dv, bounded by 2x PyTorch's own error in the input dtype
 (reference run under native_precision). Kernel allocations are NaN-poisoned, so an element a
@@ -13,8 +13,8 @@ import functools
 import pytest
 import torch
 from fsalab.config import NSAConfig
-from fsalab.ops.selection import nsa, selected_attention
-from fsalab.ops.selection.index import build_selection_index
+from fsalab.ops.selected import nsa, selected_attention
+from fsalab.ops.selected.index import build_selection_index
 from fsalab.testing import (
     attention_and_grads,
     check_selected_attention,
@@ -121,7 +121,7 @@ def test_nsa_split_segments(monkeypatch, seed, gen, device):
 
 
 def test_nsa_prefetch_ablation(monkeypatch, seed, gen, device):
-    """prefetch=False, the ablation of docs/perf-log-nsa.md, gives bit-identical results."""
+    """prefetch=False, the ablation of the index prefetch (docs/performance.md), gives bit-identical results."""
     monkeypatch.setattr(nsa, "_segment_entries", lambda g: 7)
     g, h_kv, block_size, scale = 3, 2, 16, 0.125
     batch = make_batch([40, 37], g * h_kv, h_kv, 64, dtype=torch.float16, device=device, seed=seed)

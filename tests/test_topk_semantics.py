@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from fsalab.config import NSAConfig
-from fsalab.ops import reference
+from fsalab.ops.compression import reference as compression_ref
+from fsalab.ops.selected import reference as selected_ref
+from fsalab.ops.topk import reference as topk_ref
 from fsalab.testing import cu_seqlens_of, make_batch
 from fsalab.varlen import compressed_cu_seqlens
 
@@ -13,8 +15,8 @@ CFG = NSAConfig(kernel_size=32, kernel_stride=16, block_size=64, topk=4, init_bl
 
 def select(q, k_cmp, cu, cfg=CFG):
     cu_cmp = compressed_cu_seqlens(cu, cfg.kernel_size, cfg.kernel_stride)
-    _, lse = reference.compressed_attention(q, k_cmp, k_cmp, cu, cu_cmp, cfg)
-    return reference.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
+    _, lse = compression_ref.compressed_attention(q, k_cmp, k_cmp, cu, cu_cmp, cfg)
+    return topk_ref.select_blocks(q, k_cmp, lse, cu, cu_cmp, cfg)
 
 
 def random_selection(lengths, seed, cfg=CFG, h_kv=2, g=2, d=32):
@@ -81,7 +83,7 @@ def test_packing_does_not_change_a_sequence_selection(seed):
 def test_single_token_attends_to_itself():
     batch = make_batch([1], 2, 1, 16, seed=0)
     block_idx = torch.tensor([[[0, -1]]], dtype=torch.int32)
-    o, lse = reference.selected_attention(batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, 16)
+    o, lse = selected_ref.selected_attention(batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, 16)
     torch.testing.assert_close(o, batch.v.expand(1, 2, 16))
     torch.testing.assert_close(lse, (batch.q[0] @ batch.k[0, 0]) / 4.0 * torch.ones(1, 2))
 
@@ -89,7 +91,7 @@ def test_single_token_attends_to_itself():
 def test_empty_selection_gives_zero_output_and_minus_inf_lse():
     batch = make_batch([8], 2, 1, 16, seed=0, requires_grad=True)
     block_idx = torch.full((8, 1, 2), -1, dtype=torch.int32)
-    o, lse = reference.selected_attention(batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, 16)
+    o, lse = selected_ref.selected_attention(batch.q, batch.k, batch.v, block_idx, batch.cu_seqlens, 16)
     assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
     o.sum().backward()
     assert torch.isfinite(batch.q.grad).all() and torch.isfinite(batch.k.grad).all()

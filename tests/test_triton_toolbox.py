@@ -80,7 +80,7 @@ def _check_search_steps(n: int) -> None:
                 lo = mid
             else:
                 hi = mid
-        lift = 0  # binary lifting, as ops/compression.py's _window_rows
+        lift = 0  # binary lifting, as ops/compression/compress_kv.py's _window_rows
         for it in range(steps):
             cand = lift + (1 << (steps - 1 - it))
             if cand < n and offsets[cand] <= x:

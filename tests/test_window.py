@@ -1,11 +1,12 @@
-"""Sliding-window attention (ops/window.py): every backend equals reference.window_attention."""
+"""Sliding-window attention (ops/window): every backend equals window.reference.window_attention."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fsalab.ops import reference, window
+from fsalab.ops import window
+from fsalab.ops.window import reference as window_ref
 from fsalab.testing import assert_close, check_attention, make_batch
 
 pytestmark = pytest.mark.usefixtures("poison_flash_buffers")
@@ -16,7 +17,7 @@ def _check(lengths, h, h_kv, d, w, dtype, seed, device, backend="triton", grads=
     cu = b.cu_seqlens
     check_attention(
         lambda q, k, v: window.window_attention(q, k, v, cu, w, backend=backend),
-        lambda q, k, v: reference.window_attention(q, k, v, cu, w),
+        lambda q, k, v: window_ref.window_attention(q, k, v, cu, w),
         (b.q, b.k, b.v), dtype, seed, grads=grads,
     )
 
@@ -65,9 +66,9 @@ def test_gpu_backends(backend, dtype, seed, device):
     b = make_batch(lengths, 8, 2, 128, seed=seed, device=device)
     check_attention(
         lambda q, k, v: window.window_attention(q, k, v, b.cu_seqlens, w, backend="flash_attn", max_seqlen=1500)[0],
-        lambda q, k, v: reference.window_attention(q, k, v, b.cu_seqlens, w),
+        lambda q, k, v: window_ref.window_attention(q, k, v, b.cu_seqlens, w),
         (b.q, b.k, b.v), dtype, seed,
     )
     _, lse = window.window_attention(b.q.to(dtype), b.k.to(dtype), b.v.to(dtype), b.cu_seqlens, w, backend="flash_attn")
-    _, rl = reference.window_attention(b.q.to(dtype), b.k.to(dtype), b.v.to(dtype), b.cu_seqlens, w)
+    _, rl = window_ref.window_attention(b.q.to(dtype), b.k.to(dtype), b.v.to(dtype), b.cu_seqlens, w)
     assert_close(lse, rl, dtype=dtype, name="lse")

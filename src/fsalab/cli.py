@@ -208,9 +208,9 @@ def cmd_theory(args) -> int:
 
     rows = []
     for p in grid.expand(exp):
-        for r in table([p["N"]], [p["g"]], [(p["block_size"], p["topk"])], p["h_kv"], p["d"], [p["cost_model"]]):
+        for r in table([p.N], [p.g], [(p.block_size, p.topk)], p.h_kv, p.d, [p.cost_model]):
             rows.append({"experiment": exp["experiment"], "op": "selected", "direction": "fwd", "model": "",
-                         "batch": 1, "dtype": "bfloat16", "status": "ok", "point": p["id"], **r})
+                         "batch": 1, "dtype": "bfloat16", "status": "ok", "point": p.id, **r})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out, index=False)

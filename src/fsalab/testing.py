@@ -216,7 +216,7 @@ def check_attention(op, ref, tensors, dtype, seed, grads=True, atol_factor=2.0):
     dtype. The bound is atol_factor x PyTorch's own error in dtype (the reference run in native
     precision). With grads, the loss is sum(o * do) + sum(lse * dlse) over finite lse entries.
     """
-    from .ops import reference
+    from .ops.reference_common import native_precision
 
     leaves = [t.detach().to(dtype).requires_grad_(grads) for t in tensors]
     exact = [t.detach().float().requires_grad_(grads) for t in leaves]
@@ -224,7 +224,7 @@ def check_attention(op, ref, tensors, dtype, seed, grads=True, atol_factor=2.0):
     out = op(*leaves)
     o, lse = out if isinstance(out, tuple) else (out, None)
     ro, rl = ref(*exact)
-    with reference.native_precision():
+    with native_precision():
         no, nl = ref(*native)
     assert o.dtype == dtype and o.shape == ro.shape
     assert_close(o, ro, no, dtype, atol_factor, name="o")
@@ -268,7 +268,8 @@ def compressed_inputs(lengths, h, h_kv, d, cfg, seed, device="cpu"):
 
 def selected_blocks(batch, cfg: NSAConfig, gen: torch.Generator) -> torch.Tensor:
     """block_idx int32 [total, h_kv, topk] from NSA's compression + top-k path on ``batch`` (fp32 math)."""
-    from .ops import reference
+    from .ops.compression import reference as compression
+    from .ops.topk import reference as topk
 
     q, k, v, cu = batch.q.detach().float(), batch.k.detach().float(), batch.v.detach().float(), batch.cu_seqlens
     h_kv, d = k.shape[1], k.shape[2]
@@ -276,9 +277,9 @@ def selected_blocks(batch, cfg: NSAConfig, gen: torch.Generator) -> torch.Tensor
     w_k = torch.randn(h_kv, l * d, d, generator=gen).to(k.device) / math.sqrt(l * d)
     w_v = torch.randn(h_kv, l * d, d, generator=gen).to(k.device) / math.sqrt(l * d)
     pe = torch.randn(h_kv, l, d, generator=gen).to(k.device) * 0.1
-    k_cmp, v_cmp, cu_cmp = reference.compress_kv(k, v, w_k, w_v, pe, cu, cfg)
-    _, lse_cmp = reference.compressed_attention(q, k_cmp, v_cmp, cu, cu_cmp, cfg)
-    return reference.select_blocks(q, k_cmp, lse_cmp, cu, cu_cmp, cfg)
+    k_cmp, v_cmp, cu_cmp = compression.compress_kv(k, v, w_k, w_v, pe, cu, cfg)
+    _, lse_cmp = compression.compressed_attention(q, k_cmp, v_cmp, cu, cu_cmp, cfg)
+    return topk.select_blocks(q, k_cmp, lse_cmp, cu, cu_cmp, cfg)
 
 
 def random_block_idx(
@@ -310,7 +311,8 @@ def check_selected_attention(fn, batch: VarlenBatch, block_idx: torch.Tensor, bl
     PyTorch's own error in the input dtype (the reference run under native_precision), with the
     impl's allocations NaN-poisoned so that an element it forgets to write fails. ``with_dlse``
     adds a random upstream gradient on lse."""
-    from .ops import reference
+    from .ops.reference_common import native_precision
+    from .ops.selected import reference
 
     q, k, v, cu = batch.q, batch.k, batch.v, batch.cu_seqlens
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).to(q.device, q.dtype)
@@ -320,7 +322,7 @@ def check_selected_attention(fn, batch: VarlenBatch, block_idx: torch.Tensor, bl
     ref = reference.selected_attention
     # float64, so that fp32 inputs are bounded by PyTorch's own fp32 error too (large logits).
     expected = attention_and_grads(ref, q.double(), k.double(), v.double(), block_idx, cu, block_size, do, dlse)
-    with reference.native_precision():
+    with native_precision():
         native = attention_and_grads(ref, q, k, v, block_idx, cu, block_size, do, dlse)
     assert actual[0].dtype == q.dtype and actual[1].dtype == torch.float32
     for i, name in enumerate(("o", "lse", "dq", "dk", "dv")):
@@ -364,40 +366,10 @@ def check_selection(block_idx: torch.Tensor, expected: torch.Tensor, scores: tor
     return int(near_tie.sum())
 
 
-def nsa_attention_calls(impl: str, length: int, h_kv: int, g: int, d: int, block_size: int, topk: int,
-                        device: torch.device | str = "cpu", options: dict | None = None):
-    """(fwd, bwd) of whole NSA attention (compression, compressed attention, block selection,
-    selected and window attention, gates) as the kernel benchmark's ``nsa_attention`` op runs it
-    with ``options``, on one random sequence; compression windows of ``block_size`` tokens with
-    stride ``block_size / 2`` and a window of ``4 x block_size``."""
-    from .bench import inputs, ops
-
-    p = {"op": "nsa_attention", "N": length, "batch": 1, "h_kv": h_kv, "g": g, "d": d, "block_size": block_size,
-         "topk": topk, "kernel_size": block_size, "kernel_stride": block_size // 2, "window_size": 4 * block_size,
-         "init_blocks": 1, "local_blocks": 2, "dtype": "float16", "seed": 0}
-    bound = ops.bind("nsa_attention", impl, options)
-    x = inputs.make_inputs(p, torch.device(device), bound.need_indices)
-
-    def fwd():
-        with torch.no_grad():
-            return bound.fn(x)
-
-    leaves = {name: x.tensors[name].detach().clone().requires_grad_() for name in bound.grad_args}
-    x.tensors.update(leaves)
-    o, _ = bound.fn(x)
-    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float32).to(o)
-
-    def bwd():
-        return torch.autograd.grad(o, list(leaves.values()), do, retain_graph=True, allow_unused=True)
-
-    return fwd, bwd
-
-
 def nsa_module_forward(impl: str, device: torch.device | str = "cpu"):
     """A zero-argument forward (under no_grad) of a small ``NativeSparseAttention`` module (32
     hidden, 4 query and 2 KV heads of 16, fp16) with selection impl ``impl`` over two packed
     sequences (50 + 20 tokens), on the same input tensors every call: what a model's layer runs."""
-    from .config import NSAConfig
     from .modules import NativeSparseAttention
 
     cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=2, init_blocks=1, local_blocks=1, window_size=16)

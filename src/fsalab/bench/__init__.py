@@ -11,7 +11,7 @@ Shared pieces, which import no runner:
 - ``inputs``: random inputs with block indices from the NSA compression path.
 - ``ops``: the timed ops (selected, compressed, window, full_attention, nsa_attention) per impl.
 - ``flops``: the useful-FLOP convention (torch-free: the notebooks count with it too).
-- ``check``: once-per-point correctness check against ``fsalab.ops.reference``.
+- ``check``: once-per-point correctness check against the op's fp32 reference.
 - ``model_build``, ``layer_split``: the end-to-end model (attention swapped, loss, batch) and
   the attention/MLP split; ``e2e_cli``: the end-to-end runners' command line.
 

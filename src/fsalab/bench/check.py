@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from ..ops import reference
+from ..ops.reference_common import native_precision
 from ..testing import assert_close, max_error
 from .inputs import Inputs
 from .ops import BoundOp
@@ -61,7 +61,7 @@ def check(bound: BoundOp, inputs: Inputs, direction: str, max_tokens: int, facto
     px = inputs.prefix(m)
     low = inputs.tensors["q"].dtype
     o_ref, g_ref = _reference_run(bound, px, aux_prefix, do_prefix, torch.float32)
-    with reference.native_precision():
+    with native_precision():
         o_nat, g_nat = _reference_run(bound, px, aux_prefix, do_prefix.to(low) if backward else None, low)
     expected, native = {"o": o_ref, **g_ref}, {"o": o_nat, **g_nat}
 

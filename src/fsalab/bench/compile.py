@@ -32,6 +32,7 @@ import time
 import torch
 
 from .ops import direction_callable
+from .points import KernelPoint
 from .provenance import detect_platform
 from .rows import fail_row, finish_row, kernel_row
 
@@ -43,18 +44,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def _target(p: dict, repeats: int) -> dict:
+def _target(p: KernelPoint, repeats: int) -> dict:
     """Inside the child: inputs, the timed first call, then the steady calls (seconds)."""
     from . import ops
     from .inputs import make_inputs
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    bound = ops.bind(p["op"], p["impl"], p.get("options"))
+    bound = ops.bind(p.op, p.impl, p.options)
     inputs = make_inputs(p, device, need_indices=bound.need_indices)
     os.environ["FSALAB_VALUE_CHECKS"] = "0"
     _sync(device)
     start = time.perf_counter()
-    fn = direction_callable(bound, inputs, p["direction"], p["seed"])
+    fn = direction_callable(bound, inputs, p.direction, p.seed)
     fn()
     _sync(device)
     first = time.perf_counter() - start
@@ -67,10 +68,10 @@ def _target(p: dict, repeats: int) -> dict:
     return {"first_call_s": first, "steady_s": statistics.median(steady), "samples_s": steady}
 
 
-def _child(p: dict, repeats: int, cache_dir: str) -> dict:
+def _child(p: KernelPoint, repeats: int, cache_dir: str) -> dict:
     """One child process on Triton cache ``cache_dir``; its result, or RuntimeError."""
     env = {**os.environ, "TRITON_CACHE_DIR": cache_dir, "FSALAB_DISPATCH_CACHE": ""}
-    cmd = [sys.executable, "-m", "fsalab.bench.compile", "--target", json.dumps(p), "--repeats", str(repeats)]
+    cmd = [sys.executable, "-m", "fsalab.bench.compile", "--target", json.dumps(dict(p)), "--repeats", str(repeats)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, check=False)  # status read below
     lines = [line for line in out.stdout.splitlines() if line.startswith(RESULT_TAG)]
     if out.returncode != 0 or not lines:
@@ -78,7 +79,7 @@ def _child(p: dict, repeats: int, cache_dir: str) -> dict:
     return json.loads(lines[-1][len(RESULT_TAG):])
 
 
-def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
+def run_point(p: KernelPoint, exp: dict, device: torch.device, platform: str | None = None) -> dict:
     """Cold and cached first calls of one point, each in its own process; always returns a row."""
     platform = platform or detect_platform()
     row = kernel_row(p, platform)
@@ -106,4 +107,4 @@ if __name__ == "__main__":
     ap.add_argument("--target", required=True, help="the point as JSON")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    print(RESULT_TAG + json.dumps(_target(json.loads(args.target), args.repeats)), flush=True)
+    print(RESULT_TAG + json.dumps(_target(KernelPoint(**json.loads(args.target)), args.repeats)), flush=True)

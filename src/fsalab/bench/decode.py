@@ -116,7 +116,7 @@ def _sdpa(impl: str, q, k, v, causal: bool):
 def _random_cache(p: dict, device: torch.device, dtype: torch.dtype, capacity: int, gen: torch.Generator):
     """A cache of batch sequences with N cached tokens each, random contents (the step's cost
     does not depend on them; its selection comes from real scores over them)."""
-    from ..ops.decode_cache import NSADecodeCache
+    from ..ops.decode import NSADecodeCache
 
     cfg = nsa_config(p)
     cache = NSADecodeCache.allocate(p["batch"], capacity, p["h_kv"], p["d"], cfg, dtype, device,
@@ -204,7 +204,7 @@ def _check_step(p: dict, step, cache) -> dict:
     """One more step, checked: NSA against the fp32 reference step on the same cache state
     (``testing.assert_close``'s dtype floor; block_idx agreement reported), full attention for
     finite outputs."""
-    from ..ops import decode_reference
+    from ..ops.decode import reference as decode_reference
     from ..testing import assert_close
 
     out = step()
@@ -293,7 +293,7 @@ def _run_inference(p, exp, device, dtype, row):
             return _sdpa(p["impl"], qd, k, v, causal=False)
 
         # A step over the growing context would change SDPA's shapes every token, and cuDNN plans
-        # each new shape (eager steps measured 59 ms at 128K instead of ~0.3 ms): the full-attention
+        # each new shape (a hundred times a replayed step at 128K): the full-attention
         # step attends the N prefilled tokens, replayed from a CUDA graph like NSA's, which leaves
         # out the 512 tokens' growth (0.4 % of the context at 128K) in full attention's favour.
         scope = ("full attention: SDPA causal prefill + SDPA decode steps over the N prefilled tokens "
@@ -463,7 +463,8 @@ def _full_depth(row: dict, p: dict, samples: dict, depths: tuple[int, ...], l_fu
         prefill_ms = _depth_estimate(half_prefill, row["prefill_ms"], l_half, l, l_full)
         # The slope is a difference of two host-bound wall times, extended up to 30x: each pair of
         # samples timed back to back gives an estimate of its own, and their range shows how far
-        # the medians' estimate can be trusted (at batch 1 the pairs disagree widely: perf-log).
+        # the medians' estimate can be trusted (host-bound steps at batch 1 make the pairs disagree
+        # widely: docs/performance.md, "Decode").
         paired = [_depth_estimate(a, b, l_half, l, l_full) for a, b in zip(samples[l_half][0], samples[l][0])]
         out.update(full_depth_ms_low=min(paired), full_depth_ms_high=max(paired),
                    full_depth_tokens_per_s_low=tokens_per_s(max(paired)),

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from .. import theory
+from .points import KernelPoint
 from .provenance import detect_platform
 from .rows import fail_row, finish_row, kernel_row
 
@@ -76,30 +77,30 @@ def parse_ncu_csv(text: str) -> list[dict]:
     return list(kernels.values())
 
 
-def model_bytes(p: dict) -> dict[str, float]:
+def model_bytes(p: KernelPoint) -> dict[str, float]:
     """The theory models' memory traffic for the impl of point ``p`` (bytes)."""
-    if p["direction"] != "fwd":
+    if p.direction != "fwd":
         return {}  # the models describe the forward kernels only
-    s = theory.Shape(N=p["N"] * p["batch"], h_kv=p["h_kv"], g=p["g"], d=p["d"], block_size=p["block_size"],
-                     topk=p["topk"], bytes_per_elem=2 if p["dtype"] != "float32" else 4)
-    if p["impl"] == "nsa":
+    s = theory.Shape(N=p.N * p.batch, h_kv=p.h_kv, g=p.g, d=p.d, block_size=p.block_size,
+                     topk=p.topk, bytes_per_elem=2 if p.dtype != "float32" else 4)
+    if p.impl == "nsa":
         return {m: theory.nsa_selected(s, m).memory_bytes for m in theory.MODELS}
-    if p["impl"] == "fsa":
+    if p.impl == "fsa":
         return {"fsalab": theory.fsalab_fsa_total(s).memory_bytes}
     return {m: theory.fsa_paper_total(s, m).memory_bytes for m in ("paper", "causal")}
 
 
-def _target(p: dict) -> None:
+def _target(p: KernelPoint) -> None:
     """Inside ncu: one untimed call, then one call in the profiled NVTX range."""
     from . import ops
     from .inputs import make_inputs
 
     device = torch.device("cuda")
-    bound = ops.bind(p["op"], p["impl"], p.get("options"))
+    bound = ops.bind(p.op, p.impl, p.options)
     inputs = make_inputs(p, device, need_indices=bound.need_indices)
     os.environ["FSALAB_VALUE_CHECKS"] = "0"
     # The direction's work alone: for bwd the forward runs (once) outside the profiled range.
-    fn = ops.direction_callable(bound, inputs, p["direction"], p["seed"])
+    fn = ops.direction_callable(bound, inputs, p.direction, p.seed)
     fn()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
@@ -108,7 +109,7 @@ def _target(p: dict) -> None:
     torch.cuda.profiler.stop()
 
 
-def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
+def run_point(p: KernelPoint, exp: dict, device: torch.device, platform: str | None = None) -> dict:
     """Profile one point under ncu; always returns a row."""
     platform = platform or detect_platform()
     row = kernel_row(p, platform)
@@ -119,7 +120,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
             raise NotImplementedError("DRAM traffic needs a CUDA device and Nsight Compute (ncu)")
         cmd = [ncu, "--clock-control", "none", "--metrics", ",".join(METRICS), "--csv",
                "--profile-from-start", "off", "--target-processes", "all",
-               sys.executable, "-m", "fsalab.bench.dram", "--target", json.dumps(p)]
+               sys.executable, "-m", "fsalab.bench.dram", "--target", json.dumps(dict(p))]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)  # status read below
         kernels = parse_ncu_csv(out.stdout)
         if out.returncode != 0 or not kernels:
@@ -140,4 +141,4 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="internal: the process ncu profiles")
     ap.add_argument("--target", required=True, help="the point as JSON")
-    _target(json.loads(ap.parse_args().target))
+    _target(KernelPoint(**json.loads(ap.parse_args().target)))

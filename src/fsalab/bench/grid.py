@@ -19,7 +19,7 @@ import yaml
 
 from .. import data
 from .decode_points import expand_points as expand_decode_points
-from .points import E2E_OPS, E2E_RUNNERS, e2e_base, e2e_point_id, expand_subgrid, point_id
+from .points import E2E_OPS, E2E_RUNNERS, KernelPoint, e2e_base, e2e_point_id, expand_subgrid, point_id
 from .repo import repo_root
 
 KERNEL_REQUIRED = ("op", "impl", "direction", "N", "g")
@@ -181,8 +181,26 @@ def _expand_e2e(exp: dict, base: dict | None = None) -> list[dict]:
     return points
 
 
-def expand(exp: dict, base: dict | None = None) -> list[dict]:
-    """Every point of the experiment's grid, validated, with ``id`` and ``experiment`` set.
+def kernel_point(params: dict, where: str, experiment: str | None = None, theory: bool = False) -> KernelPoint:
+    """The ``KernelPoint`` of kernel-level ``params``: validated against the experiment schema's
+    kernel parameters (defaults filled), its impl checked, its id computed. ValueError naming
+    ``where`` for a missing or unknown parameter or an unknown impl."""
+    schema = load_schema("experiment")
+    params_schema = {"$defs": schema["$defs"], **schema["$defs"]["params"]}
+    p = validate(copy.deepcopy(params), params_schema, where)
+    missing = [k for k in (THEORY_REQUIRED if theory else KERNEL_REQUIRED) if k not in p]
+    if missing:
+        raise ValueError(f"{where}: point {params} lacks {missing}")
+    check_impl(p, where)
+    if experiment is not None:
+        p["experiment"] = experiment
+    p["id"] = point_id(p)
+    return KernelPoint(**p)
+
+
+def expand(exp: dict, base: dict | None = None) -> list[KernelPoint] | list[dict]:
+    """Every point of the experiment's grid, validated, with ``id`` and ``experiment`` set:
+    ``KernelPoint``s for the kernel-level runners, dicts for the end-to-end and decode ones.
 
     Raises ValueError for a point that lacks a required parameter, has one the runner does not
     know (a misspelt key or axis), names an unknown impl or model, or duplicates another's id.
@@ -193,31 +211,22 @@ def expand(exp: dict, base: dict | None = None) -> list[dict]:
         return _expand_e2e(exp, base)
     if exp["runner"] == "decode":  # its own parameters (decode_points.DEFAULTS)
         return expand_decode_points(exp)
-    schema = load_schema("experiment")
-    params_schema = {"$defs": schema["$defs"], **schema["$defs"]["params"]}
-    required = THEORY_REQUIRED if exp["runner"] == "theory" else KERNEL_REQUIRED
     points, seen = [], {}
     for i, sub in enumerate(exp["grid"]):
         for raw in expand_subgrid(sub):
-            where = f"{exp['experiment']} grid[{i}]"
-            p = validate({**copy.deepcopy(exp.get("defaults", {})), **raw}, params_schema, where)
-            missing = [k for k in required if k not in p]
-            if missing:
-                raise ValueError(f"{where}: point {raw} lacks {missing}")
-            check_impl(p, where)
-            p["experiment"] = exp["experiment"]
-            p["id"] = point_id(p)
-            if p["id"] in seen:
+            p = kernel_point({**copy.deepcopy(exp.get("defaults", {})), **raw}, f"{exp['experiment']} grid[{i}]",
+                             exp["experiment"], theory=exp["runner"] == "theory")
+            if p.id in seen:
                 # Identical points from overlapping sub-grids are measured once.
-                if {k: v for k, v in seen[p["id"]].items() if k != "label"} != {k: v for k, v in p.items() if k != "label"}:
-                    raise ValueError(f"{exp['experiment']}: two different points share the id {p['id']}")
+                if {k: v for k, v in seen[p.id].items() if k != "label"} != {k: v for k, v in p.items() if k != "label"}:
+                    raise ValueError(f"{exp['experiment']}: two different points share the id {p.id}")
                 continue
-            seen[p["id"]] = p
+            seen[p.id] = p
             points.append(p)
     return points
 
 
-def find_point(exp: dict, pid: str) -> dict:
+def find_point(exp: dict, pid: str) -> KernelPoint | dict:
     """The point of ``exp`` whose id is ``pid`` (ValueError listing a few ids otherwise)."""
     for p in expand(exp):
         if p["id"] == pid:

@@ -2,36 +2,31 @@
 
 Selected-attention kernels are timed on the block lists NSA itself would produce: compress_kv
 (random linear compression weights), compressed_attention and select_blocks on random N(0, 1)
-q/k/v, through ``fsalab.ops.compression`` when that module is available, else the fp32
-reference. Each result row records which one (``inputs.indices_from``).
+q/k/v, through the Triton kernels of the compression branch (``fsalab.ops.compression_ops``).
+Each result row records which (``inputs.indices_from``).
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from ..config import NSAConfig
-from ..ops import reference
+from ..ops import CompressionOps, compression_ops
 from ..varlen import local_positions
-from .points import DTYPES, nsa_config
+from .points import DTYPES, KernelPoint
 
-COMPRESSION_FUNCS = ("compress_kv", "compressed_attention", "select_blocks")
+# What result rows call the compression branch's implementations (``sources.compression``,
+# ``inputs.indices_from``): the names every recorded row carries, kept so rows stay comparable.
+COMPRESSION_SOURCES = {"triton": "fsalab.ops.compression", "reference": "fsalab.ops.reference"}
 
 
-def compression_module():
-    """(module, name): ``fsalab.ops.compression`` if it provides the three compression ops,
-    else the reference."""
-    try:
-        mod = importlib.import_module("fsalab.ops.compression")
-    except ImportError:
-        return reference, "fsalab.ops.reference"
-    if all(hasattr(mod, f) for f in COMPRESSION_FUNCS):
-        return mod, "fsalab.ops.compression"
-    return reference, "fsalab.ops.reference"
+def compression_path(impl: str = "triton") -> tuple[CompressionOps, str]:
+    """(the compression branch's ops, the name rows record for them) of ``impl``: "triton" (the
+    kernels, interpreted on CPU) or "reference" (fp32 PyTorch)."""
+    return compression_ops(impl, torch.device("cpu")), COMPRESSION_SOURCES[impl]
 
 
 @dataclass
@@ -81,13 +76,13 @@ INPUT_KEYS = ("dtype", "kernel_size", "kernel_stride", "block_size", "topk", "in
 _last: tuple[tuple, Inputs] | None = None
 
 
-def input_key(p: dict, device: torch.device | str = "", need_indices: bool = True) -> tuple:
+def input_key(p: KernelPoint, device: torch.device | str = "", need_indices: bool = True) -> tuple:
     """What make_inputs depends on: points with equal keys get identical inputs."""
-    return tuple(p.get(k) for k in INPUT_KEYS) + (str(device), need_indices)
+    return tuple(getattr(p, k) for k in INPUT_KEYS) + (str(device), need_indices)
 
 
-def make_inputs(p: dict, device: torch.device, need_indices: bool = True) -> Inputs:
-    """Random inputs of point ``p`` (seeded by ``p['seed']``) and, with ``need_indices``, the
+def make_inputs(p: KernelPoint, device: torch.device, need_indices: bool = True) -> Inputs:
+    """Random inputs of point ``p`` (seeded by ``p.seed``) and, with ``need_indices``, the
     top-k block indices from the compression path. The last result is reused for an equal key."""
     global _last
     key = input_key(p, device, need_indices)
@@ -98,10 +93,11 @@ def make_inputs(p: dict, device: torch.device, need_indices: bool = True) -> Inp
     return _last[1]
 
 
-def compressed_branch(mod, tensors: dict, cu_seqlens: torch.Tensor, cfg: NSAConfig) -> tuple[torch.Tensor, ...]:
+def compressed_branch(mod: CompressionOps, tensors: dict, cu_seqlens: torch.Tensor,
+                      cfg: NSAConfig) -> tuple[torch.Tensor, ...]:
     """The compression branch of benchmark tensors (q, k, v, w_k, w_v, pe) through ``mod``
-    (``fsalab.ops.compression`` or ``reference``): (o_cmp, lse_cmp, k_cmp, v_cmp, cu_seqlens_cmp),
-    what block selection and the gates take."""
+    (``compression_path``): (o_cmp, lse_cmp, k_cmp, v_cmp, cu_seqlens_cmp), what block
+    selection and the gates take."""
     t = tensors
     k_cmp, v_cmp, cu_cmp = mod.compress_kv(t["k"], t["v"], t["w_k"], t["w_v"], t["pe"], cu_seqlens, cfg)
     o_cmp, lse_cmp = mod.compressed_attention(t["q"], k_cmp, v_cmp, cu_seqlens, cu_cmp, cfg)
@@ -119,12 +115,12 @@ def device_randn(seed: int, device: torch.device, dtype: torch.dtype):
     return gen, randn
 
 
-def _build_inputs(p: dict, device: torch.device, need_indices: bool) -> Inputs:
-    dtype = DTYPES[p["dtype"]]
-    cfg = nsa_config(p)
-    h_kv, g, d, n, batch = p["h_kv"], p["g"], p["d"], p["N"], p["batch"]
+def _build_inputs(p: KernelPoint, device: torch.device, need_indices: bool) -> Inputs:
+    dtype = DTYPES[p.dtype]
+    cfg = p.cfg
+    h_kv, g, d, n, batch = p.h_kv, p.g, p.d, p.N, p.batch
     h, total, l = h_kv * g, n * batch, cfg.kernel_size
-    _, randn = device_randn(p["seed"], device, dtype)
+    _, randn = device_randn(p.seed, device, dtype)
 
     tensors = {
         "q": randn(total, h, d),
@@ -140,14 +136,14 @@ def _build_inputs(p: dict, device: torch.device, need_indices: bool) -> Inputs:
     if not need_indices:
         none = torch.full((total, h_kv, cfg.topk), -1, dtype=torch.int32, device=device)
         return Inputs(tensors, none, cu, cfg, n, {"indices_from": "none (the op takes no block indices)"})
-    mod, source = compression_module()
+    mod, source = compression_path()
     with torch.no_grad():
         _, lse_cmp, k_cmp, _, cu_cmp = compressed_branch(mod, tensors, cu, cfg)
         block_idx = mod.select_blocks(tensors["q"], k_cmp, lse_cmp, cu, cu_cmp, cfg).to(torch.int32).contiguous()
     valid = (block_idx >= 0).sum(-1).float().mean().item()
     info = {
         "indices_from": f"compression path ({source}: compress_kv, compressed_attention, select_blocks) "
-        f"on random N(0,1) q/k/v, seed {p['seed']}",
+        f"on random N(0,1) q/k/v, seed {p.seed}",
         "compression_module": source,
         "mean_selected_blocks": valid,
     }

@@ -18,37 +18,38 @@ from pathlib import Path
 import torch
 
 from ..checks import value_checks_off
-from . import flops, ops
+from . import flops, grid, ops
 from .budget import budget_for
 from .check import check
 from .inputs import attended_keys, input_key, make_inputs
+from .points import KernelPoint
 from .provenance import detect_platform
 from .rows import check_writable, fail_row, finish_row, kernel_row, result_path, run_safely, write_row
 from .timing import measure, peak_memory
 
 
-def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
+def run_point(p: KernelPoint, exp: dict, device: torch.device, platform: str | None = None) -> dict:
     """Measure one point of experiment ``exp``; always returns a row (never raises for the op)."""
     platform = platform or detect_platform()
     row = kernel_row(p, platform)
     timing_cfg, check_cfg = exp.get("timing", {}), exp.get("check", {})
     started = time.time()
     try:
-        bound = ops.bind(p["op"], p["impl"], p.get("options"))
+        bound = ops.bind(p.op, p.impl, p.options)
         row["sources"] = bound.sources
         inputs = make_inputs(p, device, need_indices=bound.need_indices)
         row["inputs"] = inputs.info
         keys = attended_keys(inputs)
-        rows_cmp = p["batch"] * inputs.cfg.num_compressed(p["N"])
-        fwd_flops = flops.useful_flops(p["op"], keys, p["d"], inputs.cfg, p["h_kv"], rows_cmp)
-        row["useful_flops"] = fwd_flops * flops.DIRECTION_FLOP_FACTOR[p["direction"]]
+        rows_cmp = p.batch * inputs.cfg.num_compressed(p.N)
+        fwd_flops = flops.useful_flops(p.op, keys, p.d, inputs.cfg, p.h_kv, rows_cmp)
+        row["useful_flops"] = fwd_flops * flops.DIRECTION_FLOP_FACTOR[p.direction]
         if check_cfg.get("enabled", True):
-            row["check"] = check(bound, inputs, p["direction"], check_cfg.get("max_tokens", 4096),
-                                 check_cfg.get("factor", 2.0), p["seed"])
+            row["check"] = check(bound, inputs, p.direction, check_cfg.get("max_tokens", 4096),
+                                 check_cfg.get("factor", 2.0), p.seed)
         else:
             row["check"] = {"status": "skipped"}
         with value_checks_off():
-            fn = ops.direction_callable(bound, inputs, p["direction"], p["seed"])
+            fn = ops.direction_callable(bound, inputs, p.direction, p.seed)
             t = measure(
                 fn, device, timing_cfg.get("method", "auto"), timing_cfg.get("warmup_ms", 25),
                 timing_cfg.get("rep_ms", 100), timing_cfg.get("warmup", 1), timing_cfg.get("repeats", 3),
@@ -71,8 +72,30 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
     return finish_row(row, started)
 
 
+def nsa_attention_calls(impl: str, length: int, h_kv: int, g: int, d: int, block_size: int, topk: int,
+                        device: torch.device | str = "cpu", options: dict | None = None):
+    """(fwd, bwd): zero-argument calls of whole NSA attention (compression, compressed attention,
+    block selection, selected and window attention, gates) as this runner times its
+    ``nsa_attention`` op with ``impl`` and ``options``, on one random fp16 sequence of ``length``
+    tokens: compression windows of ``block_size`` tokens with stride ``block_size / 2``, a window
+    of ``4 x block_size``. fwd returns (o, block_idx); small shapes, for launch counts and
+    host-time studies."""
+    p = grid.kernel_point({"op": "nsa_attention", "impl": impl, "direction": "fwd", "N": length, "h_kv": h_kv, "g": g,
+                           "d": d, "block_size": block_size, "topk": topk, "kernel_size": block_size,
+                           "kernel_stride": block_size // 2, "window_size": 4 * block_size, "dtype": "float16",
+                           "options": options or {}}, "nsa_attention_calls")
+    bound = ops.bind(p.op, p.impl, p.options)
+    x = make_inputs(p, torch.device(device), bound.need_indices)
+
+    def fwd():
+        with torch.no_grad():
+            return bound.fn(x)
+
+    return fwd, ops.direction_callable(bound, x, "bwd", p.seed)
+
+
 def run_points(
-    points: list[dict], exp: dict, device: torch.device, results_dir: str | Path, platform: str | None = None,
+    points: list[KernelPoint], exp: dict, device: torch.device, results_dir: str | Path, platform: str | None = None,
     skip_existing: bool = False, stream=sys.stderr, runner=None, force: bool = False, budget_s: float | None = None,
 ) -> list[Path]:
     """Run points in this process, one file each, printing progress (index, status, latency, ETA).
@@ -87,17 +110,17 @@ def run_points(
     budget = budget_for(points, budget_s, platform, results_dir)
     # Points sharing inputs run back to back (every impl and direction of one grid point in turn).
     points = sorted(points, key=lambda p: repr(input_key(p)))
-    paths = [result_path(results_dir, platform, p["experiment"], p["id"]) for p in points]
+    paths = [result_path(results_dir, platform, p.experiment, p.id) for p in points]
     for path in paths:  # refuse the whole sweep up front, before any file is written
         if not (skip_existing and path.exists()):
             check_writable(path, platform, force)
     written, t0 = [], time.time()
     for i, (p, path) in enumerate(zip(points, paths), 1):
         if skip_existing and path.exists():
-            print(f"[{i}/{len(points)}] {p['id']}: exists, skipped", file=stream, flush=True)
+            print(f"[{i}/{len(points)}] {p.id}: exists, skipped", file=stream, flush=True)
             continue
         if not budget.fits(p):
-            print(f"[{i}/{len(points)}] {p['id']}: {budget.note(p)}", file=stream, flush=True)
+            print(f"[{i}/{len(points)}] {p.id}: {budget.note(p)}", file=stream, flush=True)
             continue
         started = time.time()
         row = run_safely(runner, p, exp, device, platform)
@@ -105,5 +128,5 @@ def run_points(
         budget.spend(time.time() - started)
         eta = (time.time() - t0) / i * (len(points) - i)
         lat = f"{row['median_ms']:.3f} ms" if row.get("median_ms") is not None else row["message"][:80]
-        print(f"[{i}/{len(points)}] {p['id']}: {row['status']} {lat} (eta {eta:.0f} s)", file=stream, flush=True)
+        print(f"[{i}/{len(points)}] {p.id}: {row['status']} {lat} (eta {eta:.0f} s)", file=stream, flush=True)
     return written

@@ -33,8 +33,8 @@ def layer_part_times(lm: nn.Module, p: dict, device: torch.device, dtype: torch.
 
     layer = decoder_layers(lm)[0]
     batch, n, hidden = p["batch"], p["N"], lm.config.hidden_size
-    # Drawn on the device: one [1, 64K, 5120] fp32 draw takes 1.8 s on a host core (measured on
-    # the 2-core development machine), and each point makes two. The same seed on every rank
+    # Drawn on the device: a [1, 64K, 5120] fp32 draw takes seconds on one host core, and each
+    # point makes two. The same seed on every rank
     # gives tensor-parallel ranks the same replicated input.
     gen = torch.Generator(device=device).manual_seed(p["seed"] + 7)
     x = torch.randn(batch, n, hidden, generator=gen, device=device, dtype=dtype)

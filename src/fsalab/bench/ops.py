@@ -2,7 +2,7 @@
 
 op              impl                                  what one call computes
 selected        reference | nsa | fsa_paper | fsa |   selected attention on fixed block indices
-                auto | fla_nsa (fsalab.ops.selection;
+                auto | fla_nsa (fsalab.ops.selected;
                 fla_nsa: fla-core's kernels, a peer)
 compressed      reference | triton                    compress_kv + compressed_attention +
                                                       select_blocks (the whole compression branch)
@@ -15,7 +15,8 @@ nsa_attention   reference | a selected impl           all three branches + gates
 
 An implementation that does not exist yet (module not landed, impl not registered) raises
 ``Unsupported`` at bind time, so the runner writes an ``unsupported`` row instead of crashing.
-The reference side is what the correctness check compares against (``fsalab.ops.reference``).
+The reference side is what the correctness check compares against: the fp32 PyTorch reference
+beside each op's kernels (``fsalab.ops.<op>.reference``).
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..ops import reference
+from ..ops import CompressionOps
+from ..ops.gate import reference as gate_reference
 from ..ops.impls import COMPRESSION_IMPLS, GATE_IMPLS
-from .inputs import Inputs, compressed_branch, compression_module
+from ..ops.selected import reference as selected_reference
+from ..ops.window import reference as window_reference
+from .inputs import Inputs, compressed_branch, compression_path
 from .rows import Unsupported
 
 OPS = ("selected", "compressed", "window", "full_attention", "nsa_attention")
@@ -74,10 +78,10 @@ def _import(module: str, attr: str):
 
 def _selected_fn(impl: str, options: dict) -> Callable:
     """selected_attention(q, k, v, block_idx, cu_seqlens, block_size) -> (o, lse) for ``impl``."""
-    from ..ops import selection
+    from ..ops import selected
 
     try:
-        fn = selection.resolve(impl)
+        fn = selected.resolve(impl)
     except ValueError as exc:
         raise Unsupported(str(exc)) from exc
     if impl == "fla_nsa" and not options:
@@ -86,29 +90,29 @@ def _selected_fn(impl: str, options: dict) -> Callable:
         # (local_blocks >= 1), and its correctness check fails on a NaN row.
         options = {"zero_empty_rows": False}
     if not options:
-        return lambda q, k, v, idx, cu, bs: selection.selected_attention(q, k, v, idx, cu, bs, impl=impl)
+        return lambda q, k, v, idx, cu, bs: selected.selected_attention(q, k, v, idx, cu, bs, impl=impl)
     # Ablation switches (inner_loop=, early_return=) go to the implementation function itself.
     return lambda q, k, v, idx, cu, bs: fn(q, k, v, idx, cu, bs, None, **options)
 
 
 def _ref_selected(x: Inputs, block_idx: torch.Tensor) -> torch.Tensor:
     t = x.tensors
-    return reference.selected_attention(t["q"], t["k"], t["v"], block_idx, x.cu_seqlens, x.cfg.block_size)[0]
+    return selected_reference.selected_attention(t["q"], t["k"], t["v"], block_idx, x.cu_seqlens, x.cfg.block_size)[0]
 
 
 def _ref_compressed(x: Inputs) -> tuple[torch.Tensor, ...]:
-    return compressed_branch(reference, x.tensors, x.cu_seqlens, x.cfg)
+    return compressed_branch(compression_path("reference")[0], x.tensors, x.cu_seqlens, x.cfg)
 
 
 def _ref_window(x: Inputs, window: int | None = None) -> torch.Tensor:
     t = x.tensors
     w = window if window is not None else x.cfg.window_size
-    return reference.window_attention(t["q"], t["k"], t["v"], x.cu_seqlens, w)[0]
+    return window_reference.window_attention(t["q"], t["k"], t["v"], x.cu_seqlens, w)[0]
 
 
 def _ref_nsa(x: Inputs, block_idx: torch.Tensor) -> torch.Tensor:
     o_cmp = _ref_compressed(x)[0]
-    return reference.gated_sum(o_cmp, _ref_selected(x, block_idx), _ref_window(x), x.tensors["gate"])
+    return gate_reference.gated_sum(o_cmp, _ref_selected(x, block_idx), _ref_window(x), x.tensors["gate"])
 
 
 def _bind_selected(impl: str, options: dict) -> BoundOp:
@@ -122,14 +126,9 @@ def _bind_selected(impl: str, options: dict) -> BoundOp:
 
 
 def _compression_impl(impl: str):
-    if impl == "reference":
-        return reference, "fsalab.ops.reference"
     if impl not in _COMPRESSED_IMPLS:
         raise Unsupported(f"compressed impl must be one of {_COMPRESSED_IMPLS}, got {impl!r}")
-    mod, source = compression_module()
-    if source != "fsalab.ops.compression":
-        raise Unsupported("fsalab.ops.compression (the Triton compression kernels) is not available")
-    return mod, source
+    return compression_path(impl)
 
 
 def _compress_and_select(mod, x: Inputs):
@@ -148,7 +147,7 @@ def _bind_compressed(impl: str, options: dict) -> BoundOp:
 
 def _window_fn(impl: str) -> Callable:
     if impl == "reference":
-        return lambda q, k, v, cu, w: reference.window_attention(q, k, v, cu, w)
+        return lambda q, k, v, cu, w: window_reference.window_attention(q, k, v, cu, w)
     win = _import("fsalab.ops.window", "window_attention")
     return lambda q, k, v, cu, w: win(q, k, v, cu, w, backend=impl)
 
@@ -184,12 +183,12 @@ class NSAParts:
     """The branch functions whole NSA attention is made of, as ``nsa_attention`` binds them for
     one impl (the versus runner times them one by one on the same inputs).
 
-    compression: module with compress_kv, compressed_attention, select_blocks; selected/window:
+    compression: ``ops.CompressionOps`` (compress_kv, compressed_attention, select_blocks); selected/window:
     ``(q, k, v, block_idx, cu, block_size)`` / ``(q, k, v, cu, window)`` -> o [total, h, d];
     gated_sum: ``(o_cmp, o_slc, o_win, gate_logits)`` -> o. ``sources`` names each choice.
     """
 
-    compression: object
+    compression: CompressionOps
     selected: Callable
     window: Callable
     gated_sum: Callable
@@ -210,9 +209,9 @@ def nsa_parts(impl: str, options: dict | None = None) -> NSAParts:
         raise Unsupported(f"nsa_attention's gate_impl must be one of {GATE_IMPLS}, got {gate!r}")
     if gate == "auto":
         gate = "reference" if impl == "reference" else "triton"
-    gated_sum = _import("fsalab.ops.gate", "gated_sum") if gate == "triton" else reference.gated_sum
+    gated_sum = _import("fsalab.ops.gate", "gated_sum") if gate == "triton" else gate_reference.gated_sum
     if impl == "reference":
-        mod, win, sel = reference, _window_fn("reference"), _selected_fn("reference", {})
+        mod, win, sel = compression_path("reference")[0], _window_fn("reference"), _selected_fn("reference", {})
     else:
         mod, _ = _compression_impl("triton")
         win, sel = _window_fn("auto"), _selected_fn(impl, options)
@@ -257,14 +256,14 @@ def bind(op: str, impl: str, options: dict | None = None) -> BoundOp:
 def known_impls(op: str) -> tuple[str, ...]:
     """Every impl name ``bind`` knows for ``op``, available here or not (grids are checked
     against it: a misspelt impl is a config error, an impl missing on this machine a row)."""
-    from ..ops import WINDOW_IMPLS, full, selection
+    from ..ops import WINDOW_IMPLS, full, selected
 
     names = {
-        "selected": tuple(selection.IMPLS),
+        "selected": tuple(selected.IMPLS),
         "compressed": _COMPRESSED_IMPLS,
         "window": WINDOW_IMPLS,
         "full_attention": ("reference", *full.IMPLS),
-        "nsa_attention": tuple(selection.IMPLS),
+        "nsa_attention": tuple(selected.IMPLS),
     }
     if op not in names:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")

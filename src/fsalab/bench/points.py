@@ -1,23 +1,29 @@
 """Points: the parameters of one measurement, their defaults, and their stable ids.
 
-A point is a flat dict of parameters (op, impl, direction, N, batch, h_kv, g, d, block_size,
-topk, dtype, ...) plus its ``id``, a file-name-safe string that is stable across runs and
-unique within the experiment. An id is a readable prefix (op, impl, direction or model, shape,
-dtype, ...) and a short hash of every parameter (``point_hash``), so two configurations never
-share a result file and editing any parameter in a YAML gives new ids.
+A point holds its parameters (op, impl, direction, N, batch, h_kv, g, d, block_size, topk,
+dtype, ...) and its ``id``, a file-name-safe string that is stable across runs and unique within
+the experiment. An id is a readable prefix (op, impl, direction or model, shape, dtype, ...) and
+a short hash of every parameter (``point_hash``), so two configurations never share a result
+file and editing any parameter in a YAML gives new ids.
 
-Kernel points take their ids from ``point_id``, end-to-end points (train, prefill,
-convergence) from ``e2e_point_id``; ``e2e_base`` gives an end-to-end runner's defaults.
+A kernel-level point (kernel, dram, compile, versus and theory experiments) is a
+``KernelPoint``, built once by ``grid.kernel_point`` from parameters validated against the
+experiment schema; end-to-end points (train, prefill, convergence) and decode points are dicts
+checked by their own schemas. Kernel points take their ids from ``point_id``, end-to-end points
+from ``e2e_point_id``; ``e2e_base`` gives an end-to-end runner's defaults.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import itertools
 import json
 import os
 import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 from ..config import NSAConfig
 
@@ -81,6 +87,63 @@ _BRANCH_TAGS = (("compression_impl", "cmp"), ("window_impl", "win"), ("gate_impl
 # Keys of a point that do not change what is measured: the id itself, the experiment (the
 # folder already names it) and the free-form series label.
 _UNMEASURED = ("id", "experiment", "label")
+
+
+@dataclass(frozen=True, eq=False)
+class KernelPoint(Mapping):
+    """One kernel-level measurement: which op and impl, which direction, at which shape.
+
+    The fields are ``experiment.schema.yaml``'s kernel parameters (``$defs.params``), every
+    default filled: build one with ``grid.kernel_point``, which validates them once. op, impl and
+    direction are None only for a theory point (``cost_model`` set); ``label`` is a free-form
+    series name. It reads as a mapping of its set fields (``p["N"]``, ``{**p}``): exactly the
+    dict the schema validated, which ids (``point_hash``) and result rows are made from.
+    """
+
+    N: int  # tokens per sequence
+    g: int  # query heads per KV head
+    batch: int  # sequences packed together
+    h_kv: int
+    d: int
+    block_size: int
+    topk: int
+    kernel_size: int
+    kernel_stride: int
+    window_size: int
+    init_blocks: int
+    local_blocks: int
+    dtype: str  # a key of DTYPES
+    seed: int
+    model: str  # empty for kernels
+    options: dict = field(default_factory=dict)  # keyword switches of the implementation
+    op: str | None = None
+    impl: str | None = None
+    direction: str | None = None  # fwd, bwd or fwd+bwd
+    label: str | None = None
+    cost_model: str | None = None
+    experiment: str | None = None
+    id: str | None = None
+
+    @property
+    def cfg(self) -> NSAConfig:
+        return nsa_config(self)
+
+    def _set(self) -> dict:
+        return {name: getattr(self, name) for name in _KERNEL_FIELDS if getattr(self, name) is not None}
+
+    def __getitem__(self, key: str):
+        if key not in _KERNEL_FIELDS or getattr(self, key) is None:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._set())
+
+    def __len__(self) -> int:
+        return len(self._set())
+
+
+_KERNEL_FIELDS = tuple(f.name for f in dataclasses.fields(KernelPoint))
 
 
 def e2e_base(runner: str) -> dict:

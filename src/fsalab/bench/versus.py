@@ -40,6 +40,7 @@ from ..checks import value_checks_off
 from . import flops, grid, ops
 from .check import check
 from .inputs import attended_keys, compressed_branch, input_key, make_inputs
+from .points import KernelPoint
 from .provenance import detect_platform, provenance
 from .rows import check_writable, fail_row, kernel_row, result_path, write_row
 from .timing import Rounds, Timing, capture_graph, interleaved, peak_memory
@@ -49,24 +50,24 @@ BASELINE_OP = "full_attention"
 _ROUND_KEYS = ("rounds", "min_rounds", "rep_ms", "budget_ms", "max_rounds")
 
 
-def group_key(p: dict) -> tuple:
+def group_key(p: KernelPoint) -> tuple:
     """Points with equal keys form one group (they differ only in op, impl and options)."""
-    return input_key(p) + (p["direction"],)
+    return input_key(p) + (p.direction,)
 
 
-def group_label(p: dict) -> str:
-    return f"{p['direction']} N={p['N']} g={p['g']} B={p['block_size']} T={p['topk']} {p['dtype']}"
+def group_label(p: KernelPoint) -> str:
+    return f"{p.direction} N={p.N} g={p.g} B={p.block_size} T={p.topk} {p.dtype}"
 
 
-def groups_of(points: list[dict], selected: list[dict] | None = None) -> list[list[dict]]:
+def groups_of(points: list[KernelPoint], selected: list[KernelPoint] | None = None) -> list[list[KernelPoint]]:
     """``points`` grouped by ``group_key`` (grid order inside a group), the groups that hold a
     point of ``selected`` (all when None), smallest N first."""
-    by_key: dict[tuple, list[dict]] = {}
+    by_key: dict[tuple, list[KernelPoint]] = {}
     for p in points:
         by_key.setdefault(group_key(p), []).append(p)
     wanted = None if selected is None else {group_key(p) for p in selected}
     out = [g for k, g in by_key.items() if wanted is None or k in wanted]
-    return sorted(out, key=lambda g: (g[0]["N"], g[0]["g"], g[0]["block_size"], g[0]["direction"]))
+    return sorted(out, key=lambda g: (g[0].N, g[0].g, g[0].block_size, g[0].direction))
 
 
 def _directional(forward: Callable[[], torch.Tensor], leaves: list[torch.Tensor], do: torch.Tensor | None,
@@ -161,14 +162,14 @@ def _tflops(flops: float | None, ms: float | None) -> float | None:
     return flops / (ms * 1e-3) / 1e12 if flops and ms else None
 
 
-def run_group(points: list[dict], exp: dict, device: torch.device, platform: str | None = None) -> list[dict]:
+def run_group(points: list[KernelPoint], exp: dict, device: torch.device, platform: str | None = None) -> list[dict]:
     """Measure one group (points sharing ``group_key``); one row per point, in order. Never
     raises for the ops: every failure lands in its row."""
     platform = platform or detect_platform()
     timing_cfg, check_cfg = exp.get("timing", {}), exp.get("check", {})
     method, rounds, warmup = timing_cfg.get("method", "auto"), _rounds(timing_cfg), timing_cfg.get("warmup", 1)
     started = time.time()
-    rows = {p["id"]: kernel_row(p, platform) for p in points}
+    rows = {p.id: kernel_row(p, platform) for p in points}
     p0 = points[0]
     try:
         _measure_group(points, rows, device, method, rounds, warmup, timing_cfg, check_cfg)
@@ -182,40 +183,40 @@ def run_group(points: list[dict], exp: dict, device: torch.device, platform: str
     elapsed, prov = round(time.time() - started, 3), provenance()
     for row in rows.values():
         row.update(elapsed_s=elapsed, provenance=prov, group=group_label(p0))
-    return [rows[p["id"]] for p in points]
+    return [rows[p.id] for p in points]
 
 
 def _measure_group(points, rows, device, method, rounds, warmup, timing_cfg, check_cfg) -> None:
     p0 = points[0]
-    direction = p0["direction"]
+    direction = p0.direction
     inputs = make_inputs(p0, device, need_indices=True)
     keys = attended_keys(inputs)
-    rows_cmp = p0["batch"] * inputs.cfg.num_compressed(p0["N"])
+    rows_cmp = p0.batch * inputs.cfg.num_compressed(p0.N)
     # One set of leaves (every input tensor) and one upstream gradient for every callable.
     x = inputs.with_leaves(tuple(inputs.tensors)) if direction != "fwd" else inputs
     do = None
     if direction != "fwd":
-        gen = torch.Generator(device=device).manual_seed(p0["seed"] + 2)
+        gen = torch.Generator(device=device).manual_seed(p0.seed + 2)
         q = inputs.tensors["q"]
         do = torch.randn(q.shape, generator=gen, device=device, dtype=torch.float32).to(q.dtype)
     contenders: dict[str, Callable[[], object]] = {}
     parts: dict[str, ops.NSAParts] = {}
     for p in points:
-        row = rows[p["id"]]
+        row = rows[p.id]
         try:
-            bound = ops.bind(p["op"], p["impl"], p.get("options"))
+            bound = ops.bind(p.op, p.impl, p.options)
             row["sources"], row["inputs"] = bound.sources, inputs.info
-            fwd_flops = flops.useful_flops(p["op"], keys, p["d"], inputs.cfg, p["h_kv"], rows_cmp)
+            fwd_flops = flops.useful_flops(p.op, keys, p.d, inputs.cfg, p.h_kv, rows_cmp)
             row["useful_flops"] = fwd_flops * flops.DIRECTION_FLOP_FACTOR[direction]
             if check_cfg.get("enabled", True):
                 row["check"] = check(bound, inputs, direction, check_cfg.get("max_tokens", 4096),
-                                     check_cfg.get("factor", 2.0), p["seed"])
+                                     check_cfg.get("factor", 2.0), p.seed)
             else:
                 row["check"] = {"status": "skipped"}
             leaves = [x.tensors[n] for n in bound.grad_args] if direction != "fwd" else []
-            contenders[p["id"]] = _directional(lambda b=bound: b.fn(x)[0], leaves, do, direction)
-            if p["op"] == "nsa_attention":
-                parts[p["impl"]] = ops.nsa_parts(p["impl"], p.get("options"))
+            contenders[p.id] = _directional(lambda b=bound: b.fn(x)[0], leaves, do, direction)
+            if p.op == "nsa_attention":
+                parts[p.impl] = ops.nsa_parts(p.impl, p.options)
         except Exception as exc:  # noqa: BLE001 - this contender's row records it; the others go on
             fail_row(row, exc)
     branches: dict[str, Callable[[], object]] = {}
@@ -266,12 +267,12 @@ def _measure_group(points, rows, device, method, rounds, warmup, timing_cfg, che
 
 def _fill_split(points, rows, parts, timed, split_error) -> None:
     for p in points:
-        row = rows[p["id"]]
-        if p["impl"] not in parts or p["op"] != "nsa_attention":
+        row = rows[p.id]
+        if p.impl not in parts or p.op != "nsa_attention":
             continue
         split, problems = {}, [split_error] if split_error else []
         for branch in BRANCHES:
-            t = timed.get(f"split:{_split_key(branch, p['impl'], parts[p['impl']].sources)}")
+            t = timed.get(f"split:{_split_key(branch, p.impl, parts[p.impl].sources)}")
             if isinstance(t, Timing):
                 split[branch] = t.summary()["median_ms"]
             else:
@@ -283,36 +284,36 @@ def _fill_split(points, rows, parts, timed, split_error) -> None:
 
 
 def _fill_ratios(points, rows) -> None:
-    base = next((p for p in points if p["op"] == BASELINE_OP), None)
+    base = next((p for p in points if p.op == BASELINE_OP), None)
     if base is None:
         return
-    b = rows[base["id"]]
+    b = rows[base.id]
     eager = b["median_ms"] if b["status"] == "ok" else None
     graph = b.get("graph_median_ms") if b["status"] == "ok" else None
     for p in points:
-        row = rows[p["id"]]
-        row["baseline_impl"] = base["impl"]
+        row = rows[p.id]
+        row["baseline_impl"] = base.impl
         row["cudnn_median_ms"], row["cudnn_graph_median_ms"] = eager, graph
         mine, mine_graph = row.get("median_ms"), row.get("graph_median_ms")
         row["ratio_to_cudnn"] = eager / mine if eager and mine else None
         row["graph_ratio_to_cudnn"] = graph / mine_graph if graph and mine_graph else None
 
 
-def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = None) -> dict:
+def run_point(p: KernelPoint, exp: dict, device: torch.device, platform: str | None = None) -> dict:
     """One point's row: its whole group is measured (the ratio needs the baseline beside it)."""
     group = groups_of(grid.expand(exp), [p])[0]
     rows = run_group(group, exp, device, platform)
-    return rows[[q["id"] for q in group].index(p["id"])]
+    return rows[[q.id for q in group].index(p.id)]
 
 
-def _weight(group: list[dict]) -> float:
+def _weight(group: list[KernelPoint]) -> float:
     """Rough cost of a group for the ETA: full attention's N² work dominates the large points."""
     p = group[0]
-    return (p["N"] / 8192) ** 2 * p["g"] * (3.5 if p["direction"] != "fwd" else 1.0) + 1.0
+    return (p.N / 8192) ** 2 * p.g * (3.5 if p.direction != "fwd" else 1.0) + 1.0
 
 
 def run_points(
-    points: list[dict], exp: dict, device: torch.device, results_dir: str | Path, platform: str | None = None,
+    points: list[KernelPoint], exp: dict, device: torch.device, results_dir: str | Path, platform: str | None = None,
     skip_existing: bool = False, stream=sys.stderr, force: bool = False,
 ) -> list[Path]:
     """Run the groups holding ``points`` (siblings from the experiment's grid join them), one
@@ -325,7 +326,7 @@ def run_points(
     written = []
     for i, group in enumerate(groups, 1):
         label = group_label(group[0])
-        paths = [result_path(results_dir, platform, p["experiment"], p["id"]) for p in group]
+        paths = [result_path(results_dir, platform, p.experiment, p.id) for p in group]
         done_w += _weight(group)
         if skip_existing and all(path.exists() for path in paths):
             print(f"[{i}/{len(groups)}] {label}: exists, skipped", file=stream, flush=True)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ..ops.decode_cache import NSADecodeCache
+from ..ops.decode import NSADecodeCache
 
 
 class DecodeGraph:

@@ -35,12 +35,12 @@ from ..checks import check_cu_seqlens
 from ..config import NSAConfig
 from ..modules import NativeSparseAttention
 from ..modules.rope import rope_inv_freq
-from ..ops import selection
-from ..ops.decode_cache import NSADecodeCache
+from ..ops import selected
+from ..ops.decode import NSADecodeCache
 from ..ops.impls import FULL_ATTENTION_IMPLS
 from .cache import NSACacheLayer, NSAModelCache
 
-SELECTION_IMPLS = tuple(i for i in selection.IMPLS if i not in selection.PEER_IMPLS)
+SELECTION_IMPLS = tuple(i for i in selected.IMPLS if i not in selected.PEER_IMPLS)
 # Full-attention baselines (DESIGN §2 impl names): the model's own attention through an SDPA
 # backend ("sdpa": any), or flash-attn; fsalab's Triton full attention is a kernel baseline only.
 # "full" is the paper's baseline on H200: cuDNN.

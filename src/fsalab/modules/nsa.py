@@ -19,9 +19,8 @@ from ..ops import (
     selection_default,
     window_op,
 )
-from ..ops.decode import DECODE_IMPLS, decode_ops
-from ..ops.decode_cache import NSADecodeCache
-from ..ops.selection import selected_attention
+from ..ops.decode import DECODE_IMPLS, NSADecodeCache, decode_ops
+from ..ops.selected import selected_attention
 from ..varlen import compressed_index, local_positions, sequence_ids
 from .rope import apply_rope, rope_inv_freq
 
@@ -34,7 +33,7 @@ class NativeSparseAttention(nn.Module):
     Gates: sigmoid of a linear map of the hidden state, one per branch and query head.
 
     Each branch's op is chosen by name: ``compression_impl`` ("reference" | "triton" | "auto"),
-    ``selection_impl`` (see ``fsalab.ops.selection``; None = "auto" on CUDA, "reference" on CPU),
+    ``selection_impl`` (see ``fsalab.ops.selected``; None = "auto" on CUDA, "reference" on CPU),
     ``window_impl`` ("reference" | "triton" | "flash_attn" | "auto"), ``gate_impl`` ("reference" |
     "triton" | "auto"; the gated sum of the three branches), ``decode_impl`` ("reference" |
     "triton" | "auto"; the decode step, ``decode``).

@@ -48,7 +48,7 @@ def interpreting() -> bool:
 
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) of host ints. ``triton.cdiv`` does the same through Triton's ConstexprFunction
-    wrapper at ~4-10 us a call on the host (measured on the CPU machine, Triton 3.6), which the
+    wrapper, microseconds a call on the host (a hundred times the integer expression), which the
     launch paths paid several times per call."""
     return -(-a // b)
 
@@ -132,12 +132,13 @@ def patch_interpreter() -> None:
       ints with ``int(array)`` when a loaded value is a loop bound; numpy 2.4 rejects that for
       arrays with ndim > 0. Interpreted tensors get an ``__index__`` that reads the single element.
     - speed: every call of a ``@triton.jit`` helper from a kernel re-patches the ``triton.language``
-      modules its globals name (``_patch_lang``: ~1.3 ms of ``inspect.getmembers``; 75 % of an NSA
-      forward's time), although the launch running it has patched those module objects already.
+      modules its globals name (``_patch_lang``: an ``inspect.getmembers`` per call, most of an
+      interpreted NSA forward's time), although the launch running it has patched those module
+      objects already.
       Inside a launch, a helper whose modules (``tl``; ``tl.core`` for Triton's own helpers) are
       patched skips it; the first patch of each, and the launch's restore at its end, are unchanged.
     - speed: a reduction along an axis whose combine function is a bitwise xor or or (``tl.sort``'s
-      compare-and-swap takes an ``xor_sum`` per stage: ~90 % of ``block_select``'s interpreted
+      compare-and-swap takes an ``xor_sum`` per stage: most of ``block_select``'s interpreted
       time) runs element by element in Python (``generic_reduce``); it becomes one numpy
       reduction, exact for integers like the loop, of the same dtype and shape.
     """

@@ -23,8 +23,9 @@ dk/dv by a key-outer kernel that loops over the g query heads of its KV head tim
 tiles that see its key tile, flattened into long loops. When there are too few key tiles to fill
 the GPU (compressed keys, short causal batches) the query axis is cut into chunks whose fp32
 partials are summed in a fixed order. FA2's alternative, dq added with fp32 atomics inside the
-dk/dv kernel (5 products instead of 7), ran 1.24-1.59x slower on the H200 and is not offered.
-Performance notes: docs/perf-log-flash.md.
+dk/dv kernel (5 products instead of 7), is slower (its fp32 reductions into L2 cost more than the
+two products the dq kernel recomputes) and is not offered. Floors, times and the rejected
+variants: docs/performance.md, "Shared FlashAttention kernels".
 
 Shapes: q [total_q, h, d], k/v [total_k, h_kv, d] (unit stride on d), cu_seqlens_q/k int32
 [batch + 1]; h = g * h_kv with any g in 1..16, any d <= 256 (padded to a power of two and
@@ -69,11 +70,11 @@ def _cfg(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
 
 
 # Only configs that compile for sm_90 (d = 128) without register spills, or with a few bytes
-# spilled outside the inner loops (ptxas -v; see docs/perf-log-flash.md): a spilling config is
-# slow whatever the autotuner measures, and each extra config costs compile time.
+# spilled outside the inner loops (ptxas -v; scripts/ptxas_report.py): a spilling config is slow
+# whatever the autotuner measures, and each extra config costs compile time.
 # Query-outer kernels (forward, dq): BLOCK_M query rows stay in registers, BLOCK_N keys stream.
-# The forward's 128-key tile is the compressed mask's pick (64K: 0.94x the time of the other two
-# at g = 4, 0.96x at g = 1; the window keeps 64-key tiles), 255 registers and no spills.
+# The forward's 128-key tile is the compressed mask's pick (its few, long key rows; the window
+# keeps 64-key tiles), 255 registers and no spills.
 _FWD_CONFIGS = [_cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(128, 128, 8, 3)]
 _DQ_CONFIGS = [_cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3)]
 # Key-outer dk/dv kernel: BLOCK_N keys with their fp32 dk, dv accumulators, BLOCK_M queries stream.

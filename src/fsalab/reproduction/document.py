@@ -418,7 +418,7 @@ def _versus_findings_block(t: Tables) -> list[str]:
     if split:
         parts = [f"{k} {v:.1f}{' ms' if i == 0 else ''}" for i, (k, v) in enumerate(split.items())]
         out.append(f"At {_kilo(n)}, g = {g}, forward and backward, its branches timed alone take: {', '.join(parts)} "
-                   f"(`paper_figures/versus/versus_split.md`; `docs/perf-log.md`, \"Whole NSA attention\").")
+                   f"(`paper_figures/versus/versus_split.md`; `docs/performance.md`, \"Whole NSA attention\").")
     cross_rows = ok[(ok["impl"] == "auto") & (ok["block_size"] == 64) & (ok["topk"] == 16)]
     return [_fill_keeping(" ".join(out), "g = "), f"({_rows_of(m.commits_of(cross_rows))})"]
 

@@ -306,8 +306,8 @@ def convergence_gaps(df: pd.DataFrame, threshold: float = 0.02) -> pd.DataFrame:
 
 def commits_of(*frames: pd.DataFrame) -> tuple[str, ...]:
     """The short (7-character) ``git_commit`` fields of the ok rows of ``frames``, sorted, as
-    the rows give them (a device copy's stale HEAD included: docs/perf-log.md names the code's
-    commit there), marked "(dirty)" where the row's ``git_dirty`` says so."""
+    the rows give them (a device copy's stale HEAD included, which need not be the commit of the
+    code it ran), marked "(dirty)" where the row's ``git_dirty`` says so."""
     seen = set()
     for df in frames:
         ok = results.ok(df)

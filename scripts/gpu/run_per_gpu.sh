@@ -3,10 +3,11 @@
 # call of a 2-GPU machine measures two experiments at once (each process sees only its own GPU,
 # so points never share a GPU; the host's CPUs are shared). Each command gets OUT=$OUT/gpu<i>
 # (its logs) and its console in $OUT/gpu<i>/console.log; once all have finished, results/ is packed
-# into $OUT/results.tgz as run_grid.sh does.
+# into $OUT/results.tgz (scripts/gpu/pack_results.sh).
 #   bash scripts/gpu/run_per_gpu.sh "CMD FOR GPU 0" "CMD FOR GPU 1" ...
-# e.g. bash scripts/gpu/run_per_gpu.sh "bash scripts/gpu/run_grid.sh longctx B64 570" \
-#                                      "bash scripts/gpu/run_grid.sh kernel '^nsaattention' 570"
+# e.g. bash scripts/gpu/run_per_gpu.sh \
+#        "fsalab bench-kernel --experiment longctx --paper --all --skip-existing --budget-s 540" \
+#        "fsalab bench-kernel --experiment kernel --paper --all --skip-existing --budget-s 540"
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 gpus=$(nvidia-smi -L | wc -l)

@@ -2,7 +2,7 @@
 # Install the wheels carried in .whl/ (jsonschema and its three dependencies, fla-core for the
 # fla_nsa peer) into /tmp/site on a machine without internet, and check they import.
 # The device tool must carry the folder: run(..., carry=[".whl"]). Then, in the same command:
-#   source scripts/gpu/setup_site.sh && bash scripts/gpu/run_grid.sh ...
+#   source scripts/gpu/setup_site.sh && fsalab bench-kernel --experiment kernel --paper --all ...
 # Fetch the wheels here first (python 3.12, x86-64):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \

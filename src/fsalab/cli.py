@@ -441,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("collect", help="add the point files of device calls' results.tgz this tree lacks, then "
                        "re-aggregate the experiments that gained rows")
-    p.add_argument("archives", nargs="+", help="results.tgz files (scripts/gpu/run_grid.sh packs them)")
+    p.add_argument("archives", nargs="+", help="results.tgz files (scripts/gpu/pack_results.sh packs them)")
     p.add_argument("--results-dir", default="results")
     p.add_argument("--dry-run", action="store_true", help="say what would be added only")
     p.add_argument("--no-aggregate", action="store_true", help="leave the CSVs as they are")

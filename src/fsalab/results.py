@@ -295,7 +295,7 @@ def supersede(platform: str, min_commit: str, results_dir: str | Path | None = N
 def collect(archives: list[str | Path], results_dir: str | Path | None = None,
             dry_run: bool = False) -> dict[str, list[str]]:
     """Copy the point files of device calls' ``results.tgz`` archives (the ``results/`` tree that
-    ``scripts/gpu/run_grid.sh`` packs) into ``results_dir``: ``results/<platform>/<experiment>/
+    ``scripts/gpu/pack_results.sh`` packs) into ``results_dir``: ``results/<platform>/<experiment>/
     <point>.json`` of known experiments only (not checks, logs, CSVs or superseded rows). A file
     this tree lacks is added, unless its bytes are those of a row set aside in ``superseded/``
     (an archive packed before ``supersede`` ran here); one it has is never overwritten: "same"

@@ -50,6 +50,22 @@ def test_dry_run(profile):
         assert all(f"bench_{e}" in text for e in ("train", "prefill", "convergence"))
 
 
+def test_paper_profile_plans_slices_of_the_papers_points_and_moves_nothing():
+    """The paper profile plans the experiments of experiments/paper.yaml as slices whose point
+    files are update() outputs (a cut slice keeps its finished points), asks a GPU for each, and
+    parsing it writes or moves no file."""
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    out = _snakemake("--workflow-profile", "workflow/profiles/paper", "-n", "--forceall", "--config", "platform=h200",
+                     "--", "results/h200/kernel.csv")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "bench_kernel_slice0" in text and "bench_point" not in text
+    assert "--paper --all --skip-existing" in text and "--budget-s 480" in text and "gpu=1" in text
+    assert "bench_versus" not in text  # versus is no paper artefact
+    after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert after == before
+
+
 def test_paper_scale_jobs_ask_for_a_gpu_where_the_planner_has_none():
     """Planned on a machine without CUDA (a slurm login node), the paper-scale grids still
     request a GPU per measurement job, and a whole-grid job (versus, batch_points) a runtime

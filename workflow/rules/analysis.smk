@@ -31,13 +31,14 @@ rule notebook_platform_figures:
         "{params.publish} --executed {log.notebook} > {log.stderr} 2>&1"
 
 
-# Also rewrites README.md's generated blocks (not declared as an output: Snakemake would delete
-# the hand-written rest of README before the job).
+# Also rewrites README.md's generated blocks: an update() output, which Snakemake neither deletes
+# before the job (the hand-written rest of README stays) nor keeps half-written after a failure.
 rule reproduction_paper:
     input:
         lambda wc: reproduction_inputs(FIGURES_PLATFORM),
     output:
         report("REPRODUCTION.md", category="Reproduction", caption="../report/reproduction.rst"),
+        update("README.md"),
     log:
         f"logs/reproduction_{FIGURES_PLATFORM}.log",
     params:
@@ -47,7 +48,7 @@ rule reproduction_paper:
         "../envs/fsalab.yaml"
     shell:
         "fsalab reproduction --platform {params.platform} --results-dir results --figures {params.figures} "
-        "--out {output} --readme README.md > {log} 2>&1"
+        "--out {output[0]} --readme {output[1]} > {log} 2>&1"
 
 
 rule reproduction_platform:

@@ -77,23 +77,43 @@ _PARAM_FLAGS = ("op", "impl", "direction", "N", "batch", "h_kv", "g", "d", "bloc
 
 
 def _point_from_args(args, exp: dict) -> dict | None:
-    """A point from --point (id or a JSON/YAML file) or from parameter flags; None if neither."""
+    """A point from --point (id or a JSON/YAML file) or from parameter flags; None if neither.
+
+    A point given by parameters must make a valid NSA configuration: an impossible one is an
+    error here, not an ``unsupported`` row."""
     from .bench import grid
+    from .bench.points import nsa_config
 
     if args.point:
         path = Path(args.point)
-        if path.suffix in (".json", ".yaml", ".yml") and path.is_file():
-            import yaml
-
-            raw = yaml.safe_load(path.read_text())
-        else:
+        if path.suffix not in (".json", ".yaml", ".yml"):
             return grid.find_point(exp, args.point)
+        if not path.is_file():
+            raise ValueError(f"point file {args.point} does not exist")
+        raw = grid.read_yaml(path)
+        if not isinstance(raw, dict):
+            raise ValueError(f"point file {args.point} must hold a mapping of parameters, got {type(raw).__name__}")
     else:
         raw = {k: getattr(args, k) for k in _PARAM_FLAGS if getattr(args, k) is not None}
         if args.option:
             raw["options"] = dict(args.option)
         if not raw:
             return None
+    point = _expand_one(exp, raw)
+    if "kernel_size" not in raw and point["kernel_size"] > point["block_size"]:
+        # A block smaller than the default compression window (32 tokens): the window shrinks to
+        # the block (NSA needs l <= l'), with its stride if that is longer too.
+        raw = {**raw, "kernel_size": point["block_size"]}
+        raw.setdefault("kernel_stride", min(point["kernel_stride"], point["block_size"]))
+        point = _expand_one(exp, raw)
+    nsa_config(point)
+    return point
+
+
+def _expand_one(exp: dict, raw: dict) -> dict:
+    """The one point of ``exp`` (its defaults) with the parameters ``raw``."""
+    from .bench import grid
+
     # A mapping value on a grid axis is merged into the point, so nest mappings (options) one level.
     one = dict(exp, grid=[{(f"_{k}" if isinstance(v, dict) else k): [{k: v} if isinstance(v, dict) else v]
                            for k, v in raw.items()}])
@@ -200,11 +220,12 @@ def cmd_aggregate(args) -> int:
     platform = args.platform or _detect_platform_quiet()
     # Names (or YAML paths) of real experiments: an unknown one is an error listing the known ones, not an empty CSV.
     names = [load_experiment(exp)["experiment"] for exp in args.experiment]
+    if args.out and len(names) > 1:
+        raise ValueError("--out names one table: give one --experiment")
     for exp in names:
         points = [Path(f).stem for f in args.points] if args.points is not None else None
-        out = results.aggregate(platform, exp, args.results_dir, args.out if len(args.experiment) == 1 else None,
-                                force=args.force, points=points)
-        print(f"{out}", file=sys.stderr)
+        out = results.aggregate(platform, exp, args.results_dir, args.out, force=args.force, points=points)
+        print(f"{out}: {results.row_count(out)} rows", file=sys.stderr)
     return 0
 
 
@@ -244,7 +265,13 @@ def cmd_collect(args) -> int:
         n = sum(Path(rel).parts[:2] == (platform, experiment) for rel in found["added"])
         print(f"{platform}/{experiment}: {n} point files {'would be ' if args.dry_run else ''}added", file=sys.stderr)
         if not args.dry_run and not args.no_aggregate:
-            print(results.aggregate(platform, experiment, args.results_dir), file=sys.stderr)
+            csv = results.results_root(args.results_dir) / platform / f"{experiment}.csv"
+            before = results.row_count(csv) or 0
+            # The table may shrink here: `supersede` set rows aside that no archive measured again.
+            results.aggregate(platform, experiment, args.results_dir, fewer_ok=True)
+            after = results.row_count(csv)
+            print(f"{csv}: {after} rows" + (f", {before - after} fewer than before" if after < before else ""),
+                  file=sys.stderr)
     print(f"{len(found['added'])} added, {len(found['same'])} already here, {len(found['kept'])} kept (differing), "
           f"{len(found['superseded'])} set aside here before", file=sys.stderr)
     return 0
@@ -279,8 +306,12 @@ def cmd_notebook(args) -> int:
     import nbformat
     from nbclient import NotebookClient
 
+    from . import results
     from .bench.repo import repo_root
 
+    if not Path(args.notebook).is_file():
+        raise ValueError(f"notebook {args.notebook} does not exist")
+    results.platform_folder(args.platform, args.results_dir)
     dest = Path(args.figures).resolve()
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Figures go to a temporary folder beside dest and replace it only when every cell ran.
@@ -314,8 +345,10 @@ def cmd_notebook(args) -> int:
 
 
 def cmd_reproduction(args) -> int:
+    from . import results
     from .reproduction import update_readme, write_reproduction
 
+    results.platform_folder(args.platform, args.results_dir)
     out = write_reproduction(args.platform, args.out, args.results_dir, args.figures)
     print(f"{out}", file=sys.stderr)
     if args.readme:

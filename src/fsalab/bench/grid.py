@@ -100,11 +100,23 @@ def experiment_path(name_or_path: str | Path) -> Path:
     return path
 
 
+def read_yaml(path: str | Path):
+    """The parsed YAML file; ValueError naming the file, the line and the problem of a syntax error."""
+    try:
+        with open(path) as fh:
+            return yaml.safe_load(fh)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ValueError(f"{path} is not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+
+
 def load_experiment(name_or_path: str | Path, smoke: bool = False) -> dict:
     """A validated experiment; with ``smoke`` its entry of experiments/smoke.yaml merged over it."""
     path = experiment_path(name_or_path)
-    with open(path) as fh:
-        exp = yaml.safe_load(fh)
+    exp = read_yaml(path)
+    if not isinstance(exp, dict):
+        raise ValueError(f"{path} must hold a mapping (experiment, runner, grid, ...), got {type(exp).__name__}")
     if smoke:
         smoke_cfg = load_smoke()
         name = exp.get("experiment")
@@ -117,8 +129,7 @@ def load_experiment(name_or_path: str | Path, smoke: bool = False) -> dict:
 def load_smoke() -> dict:
     """experiments/smoke.yaml, validated."""
     path = experiment_path("smoke")
-    with open(path) as fh:
-        return validate(yaml.safe_load(fh), load_schema("smoke"), str(path))
+    return validate(read_yaml(path), load_schema("smoke"), str(path))
 
 
 def check_impl(p: dict, where: str) -> None:

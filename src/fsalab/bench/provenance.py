@@ -75,6 +75,12 @@ def row_machine(row: dict) -> str:
     return platform_from_gpu_name(prov["gpu"]) if prov.get("gpu") else "cpu"
 
 
+def machine_folder(machine: str) -> str:
+    """The results folder of a machine's rows: its platform name; ``cpu-interpret`` for ``cpu``
+    (``fsalab`` runs the kernels through the Triton interpreter there)."""
+    return "cpu-interpret" if machine == "cpu" else machine
+
+
 def folder_machine(platform: str) -> str | None:
     """The machine a results folder belongs to when its name says so: ``h200``, ``h200-smoke``
     and ``h200x2`` belong to ``h200``; ``cpu-interpret`` to ``cpu``; other names (test folders,
@@ -100,7 +106,7 @@ def check_destination(row: dict, platform: str, existing: dict | None = None, fo
     if owner is not None and owner != machine:
         raise PlatformMismatch(
             f"row {row.get('point')!r} was measured on {machine!r} but results/{platform}/ holds {owner!r} "
-            f"results; refusing to mix them (write to results/{machine}/ or pass --force to import a copy)")
+            f"results; refusing to mix them (write to results/{machine_folder(machine)}/ or pass --force to import a copy)")
     if existing is not None and row_machine(existing) != machine:
         raise PlatformMismatch(
             f"results/{platform}/{row.get('experiment')}/{row.get('point')}.json was measured on "

@@ -1,9 +1,10 @@
-"""The ``fsalab`` command line as a new user meets it: a missing file, an unknown platform, an
-empty results folder or a malformed YAML is a one-line error with a non-zero exit, never a
-traceback or a silent success on nothing."""
+"""The ``fsalab`` command line as a new user meets it: every option explains itself, and a
+missing file, an unknown platform, an empty results folder or a malformed YAML is a one-line
+error with a non-zero exit, never a traceback or a silent success on nothing."""
 
 from __future__ import annotations
 
+import argparse
 import pytest
 import yaml
 
@@ -22,6 +23,26 @@ def _one_line_error(capsys, args: list[str], *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in err, err
     return err
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def _options_without_help(parser: argparse.ArgumentParser) -> list[str]:
+    return [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions
+            if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and not a.help]
+
+
+def test_every_option_has_help():
+    """Every option of every subcommand, and of the end-to-end runners (bench-train, -prefill,
+    -convergence share one parser) that ``fsalab`` forwards to."""
+    from fsalab.bench import e2e_cli
+
+    missing = [f"{name} {opt}" for name, sub in _subparsers(cli.build_parser()).items()
+               for opt in _options_without_help(sub)]
+    missing += [f"bench-train {opt}" for opt in _options_without_help(e2e_cli.parser("train_step"))]
+    assert not missing, "options without help text:\n" + "\n".join(missing)
 
 
 @pytest.mark.parametrize("args, fragment", [

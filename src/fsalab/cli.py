@@ -356,6 +356,33 @@ def cmd_reproduction(args) -> int:
     return 0
 
 
+# Help of the ad-hoc point flags (bench-kernel ... --op selected --impl fsa --N 65536 --g 4).
+_PARAM_HELP = {
+    "op": "ad-hoc point: the op (selected, compressed, window, full_attention, nsa_attention; "
+          "bench-decode: decode_step, inference, generate)",
+    "impl": "ad-hoc point: the implementation (fsa, fsa_paper, nsa, auto, reference, a full-attention backend ...)",
+    "direction": "ad-hoc point: fwd, bwd or fwd+bwd",
+    "N": "ad-hoc point: tokens per sequence",
+    "batch": "ad-hoc point: sequences in the batch",
+    "h_kv": "ad-hoc point: KV heads",
+    "g": "ad-hoc point: query heads per KV head (GQA group size)",
+    "d": "ad-hoc point: head dimension",
+    "block_size": "ad-hoc point: selection block B_K in tokens (a longer default compression window shrinks to it)",
+    "topk": "ad-hoc point: selected blocks T per token and KV head",
+    "kernel_size": "ad-hoc point: compression window l in tokens",
+    "kernel_stride": "ad-hoc point: compression stride s in tokens",
+    "window_size": "ad-hoc point: sliding window w in tokens",
+    "dtype": "ad-hoc point: float16, bfloat16 or float32",
+    "seed": "ad-hoc point: seed of the random inputs",
+    "label": "ad-hoc point: free-form series label (not part of the point id)",
+}
+
+
+def results_dir_arg(p, default: str | None = "results") -> None:
+    p.add_argument("--results-dir", default=default,
+                   help=f"root of the results/<platform>/ folders (default: {default or 'the checkout results/'})")
+
+
 def kernel_parser(sub, command: str, experiment_args) -> None:
     """Arguments of the point runners (bench-kernel: timing; bench-dram: Nsight Compute DRAM bytes)."""
     what = {"bench-kernel": "time", "bench-dram": "profile the DRAM traffic of",
@@ -370,13 +397,14 @@ def kernel_parser(sub, command: str, experiment_args) -> None:
     p.add_argument("--skip-existing", action="store_true", help="with --all: keep result files already there")
     p.add_argument("--filter", default=".", help="with --all: only point ids matching this regular expression")
     p.add_argument("--out", help="result file (default results/<platform>/<experiment>/<point>.json)")
-    p.add_argument("--results-dir", default="results")
+    results_dir_arg(p)
     p.add_argument("--platform", help="override the detected platform name")
     p.add_argument("--force", action="store_true",
                    help="write even into another machine's results folder or over its row (importing copies)")
     for flag in _PARAM_FLAGS:
         kind = str if flag in ("op", "impl", "direction", "dtype", "label") else int
-        p.add_argument(f"--{flag.replace('_', '-')}" if flag != "N" else "--N", dest=flag, type=kind)
+        p.add_argument(f"--{flag.replace('_', '-')}" if flag != "N" else "--N", dest=flag, type=kind,
+                       help=_PARAM_HELP[flag])
     p.add_argument("--option", action="append", type=_parse_option, help="impl switch key=value (repeatable)")
     p.set_defaults(func=cmd_bench_kernel)
 
@@ -398,64 +426,63 @@ def build_parser() -> argparse.ArgumentParser:
     for command in POINT_RUNNERS:
         kernel_parser(sub, command, experiment_args)
 
-
-
     for name, module in FORWARDED.items():  # listed for --help; main() forwards them before parsing
         sub.add_parser(name, help=f"end-to-end runner fsalab.bench.{module} (see `fsalab {name} --help`)")
 
     p = sub.add_parser("theory", help="memory/FLOP model table of a theory experiment")
     experiment_args(p)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the CSV to write (results/<platform>/theory.csv)")
     p.set_defaults(func=cmd_theory)
 
     p = sub.add_parser("aggregate", help="point files -> results/<platform>/<experiment>.csv")
     p.add_argument("--experiment", nargs="+", required=True, help="experiments/<name>.yaml (names or paths)")
-    p.add_argument("--platform")
-    p.add_argument("--results-dir", default="results")
-    p.add_argument("--out", help="output CSV (one experiment only)")
-    p.add_argument("--force", action="store_true", help="aggregate rows measured on another machine too")
+    p.add_argument("--platform", help="the results/<platform>/ folder to read (default: this machine's)")
+    results_dir_arg(p)
+    p.add_argument("--out", help="output CSV (one experiment only; never another platform's folder)")
+    p.add_argument("--force", action="store_true",
+                   help="aggregate rows measured on another machine too, and replace a table of more rows")
     p.add_argument("--points", nargs="*",
                    help="only these point files (one experiment; default: every file of the folder)")
     p.set_defaults(func=cmd_aggregate)
 
     p = sub.add_parser("migrate-ids", help="rename result files whose point id is not the one their parameters give")
-    p.add_argument("--results-dir", default="results")
+    results_dir_arg(p)
     p.add_argument("--dry-run", action="store_true", help="print the renames only")
     p.set_defaults(func=cmd_migrate_ids)
 
     p = sub.add_parser("supersede", help="move point files measured before a commit to results/<platform>/superseded/")
-    p.add_argument("--platform", required=True)
+    p.add_argument("--platform", required=True, help="the results/<platform>/ folder to sort")
     p.add_argument("--min-commit", required=True, help="rows of this commit or its descendants stay")
     p.add_argument("--experiment", nargs="+", help="only these experiments (default: all)")
     p.add_argument("--filter", help="only points whose id matches this regular expression")
-    p.add_argument("--results-dir", default="results")
+    results_dir_arg(p)
     p.add_argument("--dry-run", action="store_true", help="print the moves only")
     p.set_defaults(func=cmd_supersede)
 
     p = sub.add_parser("collect", help="add the point files of device calls' results.tgz this tree lacks, then "
                        "re-aggregate the experiments that gained rows")
     p.add_argument("archives", nargs="+", help="results.tgz files (scripts/gpu/run_grid.sh packs them)")
-    p.add_argument("--results-dir", default="results")
+    results_dir_arg(p)
     p.add_argument("--dry-run", action="store_true", help="say what would be added only")
     p.add_argument("--no-aggregate", action="store_true", help="leave the CSVs as they are")
     p.set_defaults(func=cmd_collect)
 
     p = sub.add_parser("notebook", help="execute an analysis notebook headless")
-    p.add_argument("notebook")
+    p.add_argument("notebook", help="the notebook to run (analysis/<name>.ipynb)")
     p.add_argument("--platform", required=True, help="results/<platform>/ to read")
     p.add_argument("--figures", required=True,
                    help="folder for figures and tables (replaced only when the notebook runs through)")
     p.add_argument("--publish", action="append",
                    help="also copy the finished folder here, replacing it (paper_figures/<notebook>; repeatable)")
-    p.add_argument("--results-dir")
+    results_dir_arg(p, None)
     p.add_argument("--executed", help="where to save the executed notebook")
     p.add_argument("--timeout", type=int, default=900, help="per-cell timeout in seconds")
     p.set_defaults(func=cmd_notebook)
 
     p = sub.add_parser("reproduction", help="write REPRODUCTION.md from results")
-    p.add_argument("--platform", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--results-dir")
+    p.add_argument("--platform", required=True, help="results/<platform>/ to read (and its multi-GPU hosts')")
+    p.add_argument("--out", required=True, help="the Markdown file to write")
+    results_dir_arg(p, None)
     p.add_argument("--figures", help="folder holding the figures to link")
     p.add_argument("--readme", help="also rewrite this README's generated blocks from the same results")
     p.set_defaults(func=cmd_reproduction)

@@ -318,6 +318,8 @@ def cmd_notebook(args) -> int:
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     staging.chmod(0o755)
     os.environ["FSALAB_PLATFORM_RESULTS"] = args.platform
+    # Headless: Agg for the figure files (in Jupyter the notebooks draw inline).
+    os.environ["MPLBACKEND"] = "Agg"
     os.environ["FSALAB_FIGURES"] = str(staging)
     if args.results_dir:
         os.environ["FSALAB_RESULTS"] = str(Path(args.results_dir).resolve())

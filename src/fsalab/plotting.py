@@ -7,6 +7,10 @@ else the first platform with results), ``FSALAB_FIGURES`` (output folder; defaul
 root). Every figure is saved as PNG and PDF; every table as Markdown and CSV. ``fsalab notebook``
 points ``FSALAB_FIGURES`` at a temporary folder and moves it into place only when the whole
 notebook ran, so a failing notebook never replaces or deletes figures.
+
+The matplotlib backend is left to matplotlib: inline in Jupyter, Agg without a display, and
+Agg under ``fsalab notebook`` (which sets ``MPLBACKEND``), so headless figures do not depend on
+the machine.
 """
 
 from __future__ import annotations
@@ -15,10 +19,6 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")  # headless: notebooks run under nbclient without a display
 
 import matplotlib.pyplot as plt
 import pandas as pd

@@ -457,3 +457,13 @@ def test_readme_convergence_block_follows_the_gaps():
     apart = sentence(_convergence_rows(0.01, 0.5))
     assert "further apart than two NSA runs" in apart and "neither learns" not in apart
     assert "At needle span 1 (3 steps) the median gap is 0.01, with no second NSA run." in apart
+
+
+@pytest.mark.parametrize("platform", ["cpu-interpret", "h200-smoke"])
+def test_smoke_reproduction_says_it_is_a_plumbing_check(platform, tmp_path):
+    """A REPRODUCTION.md of smoke rows opens by saying its verdicts mean nothing, and its verdict
+    count says so too; the GPU measurements' has neither."""
+    text = document.reproduction_text(platform, tmp_path)
+    assert "**Plumbing check, not a reproduction.**" in text and "\nVerdicts (plumbing check: meaningless): " in text
+    h200 = document.reproduction_text("h200", ROOT / "results")
+    assert "Plumbing check" not in h200 and "\nVerdicts: " in h200

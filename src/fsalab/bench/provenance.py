@@ -91,6 +91,13 @@ def folder_machine(platform: str) -> str | None:
     return base if base in {plat for _, plat in _GPU_PLATFORMS} else None
 
 
+def plumbing_only(platform: str) -> bool:
+    """Whether ``results/<platform>/`` holds plumbing checks rather than measurements: rows of a
+    CPU (kernels run by the Triton interpreter, or the fp32 reference) or of a GPU's smoke grids
+    (``<gpu>-smoke``), whose tiny shapes time nothing the paper speaks of."""
+    return folder_machine(platform) == "cpu" or platform.endswith("-smoke")
+
+
 class PlatformMismatch(ValueError):
     """A row measured on one machine was about to land in another machine's results."""
 

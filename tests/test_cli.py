@@ -5,6 +5,7 @@ error with a non-zero exit, never a traceback or a silent success on nothing."""
 from __future__ import annotations
 
 import argparse
+
 import pytest
 import yaml
 

@@ -109,7 +109,8 @@ def load_rows(platform: str, experiment: str, results_dir: str | Path | None = N
     paths = sorted(folder.glob("*.json")) if points is None else [folder / f"{p}.json" for p in sorted(points)]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise ValueError(f"no point file {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"no point file {missing[0]}{more}")
     for path in paths:
         rows.append(validate(json.loads(path.read_text()), schema, str(path)))
     return rows

@@ -36,7 +36,8 @@ def add_point_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--force", action="store_true",
                     help="write even into another machine's results folder or over its row (importing copies)")
     for flag, kind, text in (("model", str, "model architecture (llama3-8b, qwen3-14b, qwen2.5-32b)"),
-                             ("impl", str, "attention: fsa, fsa_paper, nsa, auto, reference or a full-attention backend"),
+                             ("impl", str, "attention: fsa, fsa_paper, nsa, auto, reference or a full-attention "
+                                           "backend"),
                              ("N", int, "tokens per sequence"), ("batch", int, "sequences in the batch"),
                              ("layers", int, "decoder layers to run (0: the whole model)"),
                              ("block-size", int, "selection block B_K in tokens"),

@@ -113,7 +113,8 @@ def check_destination(row: dict, platform: str, existing: dict | None = None, fo
     if owner is not None and owner != machine:
         raise PlatformMismatch(
             f"row {row.get('point')!r} was measured on {machine!r} but results/{platform}/ holds {owner!r} "
-            f"results; refusing to mix them (write to results/{machine_folder(machine)}/ or pass --force to import a copy)")
+            f"results; refusing to mix them (write to results/{machine_folder(machine)}/ or pass --force to import a "
+            "copy)")
     if existing is not None and row_machine(existing) != machine:
         raise PlatformMismatch(
             f"results/{platform}/{row.get('experiment')}/{row.get('point')}.json was measured on "

@@ -7,6 +7,8 @@ import torch
 
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
+from fsalab.ops.flash import flash_attention
+from fsalab.ops.full import full_attention
 from fsalab.ops.selected import selected_attention
 from fsalab.testing import cu_seqlens_of
 
@@ -87,6 +89,30 @@ def test_selected_attention_rejects_bad_input(args, error, match):
 def test_unknown_impl_is_named():
     with pytest.raises(ValueError, match="impl must be one of"):
         selected_attention(**inputs(), impl="nope")
+
+
+@pytest.mark.parametrize("scale", ["x", 0.0, -1.0, float("nan"), float("inf"), True, [0.25]])
+@pytest.mark.parametrize("op", ["selected", "window", "full"])
+def test_bad_scale_is_named(op, scale):
+    args = inputs()
+    calls = {
+        "selected": lambda: selected_attention(**args, scale=scale, impl="reference"),
+        "window": lambda: flash_attention(args["q"], args["k"], args["v"], args["cu_seqlens"], window_size=8,
+                                          scale=scale),
+        "full": lambda: full_attention(args["q"], args["k"], args["v"], args["cu_seqlens"], scale=scale,
+                                       impl="sdpa_math"),
+    }
+    with pytest.raises(ValueError, match="scale must be a positive finite number or None"):
+        calls[op]()
+
+
+def test_unknown_module_impl_fails_at_construction():
+    """A misspelt selection_impl is refused when the module is built, like the other branches'."""
+    cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=3)
+    with pytest.raises(ValueError, match="selection_impl must be one of .* got 'fsaa'"):
+        NativeSparseAttention(32, 4, 2, config=cfg, selection_impl="fsaa")
+    for impl in (None, "auto", "reference", "fsa"):
+        assert NativeSparseAttention(32, 4, 2, config=cfg, selection_impl=impl).selection_impl == impl
 
 
 def test_module_rejects_bad_input():

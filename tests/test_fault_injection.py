@@ -236,7 +236,8 @@ def test_rows_stay_in_their_machines_folder(tmp_path, capsys):
     path = _yaml(tmp_path, _exp())
     args = ["bench-kernel", "--experiment", str(path), "--all", "--results-dir", str(tmp_path / "res")]
     assert cli.main([*args, "--platform", "h200"]) == 2
-    assert "measured on 'cpu'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "measured on 'cpu'" in err and "write to results/cpu-interpret/" in err
     assert not (tmp_path / "res" / "h200").exists()
     assert cli.main([*args, "--platform", "h200", "--force"]) == 0  # importing a copy on purpose
     rows = _rows(tmp_path / "res" / "h200" / "unit")
@@ -244,6 +245,42 @@ def test_rows_stay_in_their_machines_folder(tmp_path, capsys):
     agg = ["aggregate", "--experiment", str(path), "--platform", "h200", "--results-dir", str(tmp_path / "res")]
     assert cli.main(agg) == 2 and not (tmp_path / "res" / "h200" / "unit.csv").exists()
     assert cli.main([*agg, "--force"]) == 0
+
+
+def test_aggregate_never_replaces_another_platforms_table(tmp_path, capsys):
+    """The reported case: `aggregate --platform cpu-interpret --out results/h200/kernel.csv`
+    replaced the H200 table by the CPU rows. Now refused, and the H200 table stays as it was;
+    outside the results folder the same rows may go anywhere."""
+    res = tmp_path / "res"
+    exp = _load(_exp())
+    kernel.run_points(grid.expand(exp), exp, torch.device("cpu"), res, "cpu-interpret", stream=None)
+    h200 = res / "h200" / "unit.csv"
+    h200.parent.mkdir()
+    shutil.copy(ROOT / "results" / "h200" / "kernel.csv", h200)
+    before = h200.read_bytes()
+    args = ["aggregate", "--experiment", str(_yaml(tmp_path, _exp())), "--platform", "cpu-interpret",
+            "--results-dir", str(res)]
+    assert cli.main([*args, "--out", str(h200)]) == 2
+    err = capsys.readouterr().err
+    assert "results/h200/" in err and "refusing" in err and len(err.strip().splitlines()) == 1
+    assert h200.read_bytes() == before
+    assert cli.main([*args, "--out", str(tmp_path / "elsewhere.csv")]) == 0
+    assert results.row_count(tmp_path / "elsewhere.csv") == 3
+
+
+def test_aggregate_never_replaces_a_table_by_fewer_rows_unasked(tmp_path, capsys):
+    res = tmp_path / "res"
+    exp = _load(_exp())
+    kernel.run_points(grid.expand(exp), exp, torch.device("cpu"), res, "unit-cpu", stream=None)
+    args = ["aggregate", "--experiment", str(_yaml(tmp_path, _exp())), "--platform", "unit-cpu",
+            "--results-dir", str(res)]
+    assert cli.main(args) == 0 and results.row_count(res / "unit-cpu" / "unit.csv") == 3
+    next((res / "unit-cpu" / "unit").glob("*.json")).unlink()
+    capsys.readouterr()
+    assert cli.main(args) == 2
+    assert "holds 3 rows; refusing to replace it by a table of 2" in capsys.readouterr().err
+    assert results.row_count(res / "unit-cpu" / "unit.csv") == 3
+    assert cli.main([*args, "--force"]) == 0 and results.row_count(res / "unit-cpu" / "unit.csv") == 2
 
 
 def test_destination_rule():
@@ -325,6 +362,13 @@ def _notebook(tmp_path: Path, code: str) -> Path:
     return path
 
 
+def _unit_results(tmp_path: Path) -> list[str]:
+    """``--platform unit --results-dir ...`` of a results folder holding one (empty) table."""
+    (tmp_path / "res" / "unit").mkdir(parents=True)
+    (tmp_path / "res" / "unit" / "unit.csv").write_text("experiment\n")
+    return ["--platform", "unit", "--results-dir", str(tmp_path / "res")]
+
+
 def test_failing_notebook_keeps_the_figures(tmp_path):
     figures = tmp_path / "paper_figures" / "t"
     figures.mkdir(parents=True)
@@ -332,7 +376,7 @@ def test_failing_notebook_keeps_the_figures(tmp_path):
     code = ("from fsalab import plotting\nctx = plotting.context('t')\n(ctx.figures_dir / 'half.md').write_text('x')\n"
             "raise RuntimeError('corrupt CSV')")
     with pytest.raises(Exception, match="corrupt CSV"):
-        cli.main(["notebook", str(_notebook(tmp_path, code)), "--platform", "unit", "--figures", str(figures)])
+        cli.main(["notebook", str(_notebook(tmp_path, code)), *_unit_results(tmp_path), "--figures", str(figures)])
     assert [p.name for p in (tmp_path / "paper_figures").iterdir()] == ["t"]  # no staging folder left
     assert [p.name for p in figures.iterdir()] == ["figure.png"]
     assert (figures / "figure.png").read_bytes() == b"committed"
@@ -344,7 +388,7 @@ def test_finished_notebook_replaces_and_publishes(tmp_path):
         folder.mkdir(parents=True)
         (folder / "old.md").write_text("stale")
     code = "from fsalab import plotting\n(plotting.context('t').figures_dir / 'new.md').write_text('fresh')"
-    assert cli.main(["notebook", str(_notebook(tmp_path, code)), "--platform", "unit", "--figures", str(out),
+    assert cli.main(["notebook", str(_notebook(tmp_path, code)), *_unit_results(tmp_path), "--figures", str(out),
                      "--publish", str(pub)]) == 0
     for folder in (out, pub):
         assert [p.name for p in folder.iterdir()] == ["new.md"]

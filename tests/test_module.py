@@ -165,3 +165,16 @@ def test_kernel_branches_match_the_reference_module(selection_impl, dtype):
     for name in got:
         assert got[name] is not None, f"{name} got no gradient"
         assert_close(got[name], want[name], own[name], dtype=dtype, name=name)
+
+
+@pytest.mark.parametrize("selection_impl", ["auto", None])
+def test_auto_is_the_reference_off_cuda(selection_impl, monkeypatch):
+    """"auto" (the default) means the kernels on CUDA and the reference elsewhere, for the
+    selection branch as for the others: on a CPU without the Triton interpreter it runs."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x = torch.randn(60, 16, dtype=torch.float64)
+    cu = cu_seqlens_of([40, 20])
+    auto = tiny_module(selection_impl=selection_impl)
+    reference = tiny_module(selection_impl="reference", compression_impl="reference", window_impl="reference",
+                            gate_impl="reference")
+    assert torch.equal(auto(x, cu), reference(x, cu))

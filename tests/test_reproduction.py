@@ -552,3 +552,13 @@ def test_a_commit_of_digits_stays_a_name(tmp_path):
     pd.DataFrame(rows).to_csv(tmp_path / "h100" / "kernel.csv", index=False)
     table = results.load_table("h100", "kernel", tmp_path)
     assert reproduction.commits_of(table) == ("1434595",)
+
+
+@pytest.mark.parametrize("platform", ["cpu-interpret", "h200-smoke"])
+def test_smoke_reproduction_says_it_is_a_plumbing_check(platform, tmp_path):
+    """A REPRODUCTION.md of smoke rows opens by saying its verdicts mean nothing, and its verdict
+    count says so too; the GPU measurements' has neither."""
+    text = document.reproduction_text(platform, tmp_path)
+    assert "**Plumbing check, not a reproduction.**" in text and "\nVerdicts (plumbing check: meaningless): " in text
+    h200 = document.reproduction_text("h200", ROOT / "results")
+    assert "Plumbing check" not in h200 and "\nVerdicts: " in h200

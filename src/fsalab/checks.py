@@ -16,6 +16,8 @@ writes bump the counter, so changed offsets are checked again; under CUDA-graph 
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import os
 import weakref
 
@@ -64,6 +66,14 @@ def check_kernel_call(device: torch.device, block_size, kernel: str) -> None:
         raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"{kernel} need CUDA tensors (or TRITON_INTERPRET=1), got device {device}")
+
+
+def check_scale(scale) -> None:
+    """The softmax scale of an attention op: None (1 / sqrt(d)) or a positive finite real number."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite number or None, got {scale!r}")
 
 
 def check_tensor(

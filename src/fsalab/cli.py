@@ -77,23 +77,43 @@ _PARAM_FLAGS = ("op", "impl", "direction", "N", "batch", "h_kv", "g", "d", "bloc
 
 
 def _point_from_args(args, exp: dict) -> dict | None:
-    """A point from --point (id or a JSON/YAML file) or from parameter flags; None if neither."""
+    """A point from --point (id or a JSON/YAML file) or from parameter flags; None if neither.
+
+    A point given by parameters must make a valid NSA configuration: an impossible one is an
+    error here, not an ``unsupported`` row."""
     from .bench import grid
+    from .bench.points import nsa_config
 
     if args.point:
         path = Path(args.point)
-        if path.suffix in (".json", ".yaml", ".yml") and path.is_file():
-            import yaml
-
-            raw = yaml.safe_load(path.read_text())
-        else:
+        if path.suffix not in (".json", ".yaml", ".yml"):
             return grid.find_point(exp, args.point)
+        if not path.is_file():
+            raise ValueError(f"point file {args.point} does not exist")
+        raw = grid.read_yaml(path)
+        if not isinstance(raw, dict):
+            raise ValueError(f"point file {args.point} must hold a mapping of parameters, got {type(raw).__name__}")
     else:
         raw = {k: getattr(args, k) for k in _PARAM_FLAGS if getattr(args, k) is not None}
         if args.option:
             raw["options"] = dict(args.option)
         if not raw:
             return None
+    point = _expand_one(exp, raw)
+    if "kernel_size" not in raw and point["kernel_size"] > point["block_size"]:
+        # A block smaller than the default compression window (32 tokens): the window shrinks to
+        # the block (NSA needs l <= l'), with its stride if that is longer too.
+        raw = {**raw, "kernel_size": point["block_size"]}
+        raw.setdefault("kernel_stride", min(point["kernel_stride"], point["block_size"]))
+        point = _expand_one(exp, raw)
+    nsa_config(point)
+    return point
+
+
+def _expand_one(exp: dict, raw: dict) -> dict:
+    """The one point of ``exp`` (its defaults) with the parameters ``raw``."""
+    from .bench import grid
+
     # A mapping value on a grid axis is merged into the point, so nest mappings (options) one level.
     one = dict(exp, grid=[{(f"_{k}" if isinstance(v, dict) else k): [{k: v} if isinstance(v, dict) else v]
                            for k, v in raw.items()}])
@@ -225,11 +245,12 @@ def cmd_aggregate(args) -> int:
     platform = args.platform or _detect_platform_quiet()
     # Names (or YAML paths) of real experiments: an unknown one is an error listing the known ones, not an empty CSV.
     names = [load_experiment(exp)["experiment"] for exp in args.experiment]
+    if args.out and len(names) > 1:
+        raise ValueError("--out names one table: give one --experiment")
     for exp in names:
         points = [Path(f).stem for f in args.points] if args.points is not None else None
-        out = results.aggregate(platform, exp, args.results_dir, args.out if len(args.experiment) == 1 else None,
-                                force=args.force, points=points)
-        print(f"{out}", file=sys.stderr)
+        out = results.aggregate(platform, exp, args.results_dir, args.out, force=args.force, points=points)
+        print(f"{out}: {results.row_count(out)} rows", file=sys.stderr)
     return 0
 
 
@@ -269,7 +290,13 @@ def cmd_collect(args) -> int:
         n = sum(Path(rel).parts[:2] == (platform, experiment) for rel in found["added"])
         print(f"{platform}/{experiment}: {n} point files {'would be ' if args.dry_run else ''}added", file=sys.stderr)
         if not args.dry_run and not args.no_aggregate:
-            print(results.aggregate(platform, experiment, args.results_dir), file=sys.stderr)
+            csv = results.results_root(args.results_dir) / platform / f"{experiment}.csv"
+            before = results.row_count(csv) or 0
+            # The table may shrink here: `supersede` set rows aside that no archive measured again.
+            results.aggregate(platform, experiment, args.results_dir, fewer_ok=True)
+            after = results.row_count(csv)
+            print(f"{csv}: {after} rows" + (f", {before - after} fewer than before" if after < before else ""),
+                  file=sys.stderr)
     print(f"{len(found['added'])} added, {len(found['same'])} already here, {len(found['kept'])} kept (differing), "
           f"{len(found['superseded'])} set aside here before", file=sys.stderr)
     return 0
@@ -304,14 +331,20 @@ def cmd_notebook(args) -> int:
     import nbformat
     from nbclient import NotebookClient
 
+    from . import results
     from .bench.repo import repo_root
 
+    if not Path(args.notebook).is_file():
+        raise ValueError(f"notebook {args.notebook} does not exist")
+    results.platform_folder(args.platform, args.results_dir)
     dest = Path(args.figures).resolve()
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Figures go to a temporary folder beside dest and replace it only when every cell ran.
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     staging.chmod(0o755)
     os.environ["FSALAB_PLATFORM_RESULTS"] = args.platform
+    # Headless: Agg for the figure files (in Jupyter the notebooks draw inline).
+    os.environ["MPLBACKEND"] = "Agg"
     os.environ["FSALAB_FIGURES"] = str(staging)
     if args.results_dir:
         os.environ["FSALAB_RESULTS"] = str(Path(args.results_dir).resolve())
@@ -339,13 +372,42 @@ def cmd_notebook(args) -> int:
 
 
 def cmd_reproduction(args) -> int:
+    from . import results
     from .reproduction import update_readme, write_reproduction
 
+    results.platform_folder(args.platform, args.results_dir)
     out = write_reproduction(args.platform, args.out, args.results_dir, args.figures)
     print(f"{out}", file=sys.stderr)
     if args.readme:
         print(f"{update_readme(args.readme, args.platform, args.results_dir)}", file=sys.stderr)
     return 0
+
+
+# Help of the ad-hoc point flags (bench-kernel ... --op selected --impl fsa --N 65536 --g 4).
+_PARAM_HELP = {
+    "op": "ad-hoc point: the op (selected, compressed, window, full_attention, nsa_attention; "
+          "bench-decode: decode_step, inference, generate)",
+    "impl": "ad-hoc point: the implementation (fsa, fsa_paper, nsa, auto, reference, a full-attention backend ...)",
+    "direction": "ad-hoc point: fwd, bwd or fwd+bwd",
+    "N": "ad-hoc point: tokens per sequence",
+    "batch": "ad-hoc point: sequences in the batch",
+    "h_kv": "ad-hoc point: KV heads",
+    "g": "ad-hoc point: query heads per KV head (GQA group size)",
+    "d": "ad-hoc point: head dimension",
+    "block_size": "ad-hoc point: selection block B_K in tokens (a longer default compression window shrinks to it)",
+    "topk": "ad-hoc point: selected blocks T per token and KV head",
+    "kernel_size": "ad-hoc point: compression window l in tokens",
+    "kernel_stride": "ad-hoc point: compression stride s in tokens",
+    "window_size": "ad-hoc point: sliding window w in tokens",
+    "dtype": "ad-hoc point: float16, bfloat16 or float32",
+    "seed": "ad-hoc point: seed of the random inputs",
+    "label": "ad-hoc point: free-form series label (not part of the point id)",
+}
+
+
+def results_dir_arg(p, default: str | None = "results") -> None:
+    p.add_argument("--results-dir", default=default,
+                   help=f"root of the results/<platform>/ folders (default: {default or 'the checkout results/'})")
 
 
 def kernel_parser(sub, command: str, experiment_args) -> None:
@@ -364,13 +426,14 @@ def kernel_parser(sub, command: str, experiment_args) -> None:
     p.add_argument("--budget-s", type=float, help="with --all: start only the points expected to end within this many "
                    "seconds (their last measured time), leave the rest for a later run")
     p.add_argument("--out", help="result file (default results/<platform>/<experiment>/<point>.json)")
-    p.add_argument("--results-dir", default="results")
+    results_dir_arg(p)
     p.add_argument("--platform", help="override the detected platform name")
     p.add_argument("--force", action="store_true",
                    help="write even into another machine's results folder or over its row (importing copies)")
     for flag in _PARAM_FLAGS:
         kind = str if flag in ("op", "impl", "direction", "dtype", "label") else int
-        p.add_argument(f"--{flag.replace('_', '-')}" if flag != "N" else "--N", dest=flag, type=kind)
+        p.add_argument(f"--{flag.replace('_', '-')}" if flag != "N" else "--N", dest=flag, type=kind,
+                       help=_PARAM_HELP[flag])
     p.add_argument("--option", action="append", type=_parse_option, help="impl switch key=value (repeatable)")
     p.set_defaults(func=cmd_bench_kernel)
 
@@ -394,8 +457,6 @@ def build_parser() -> argparse.ArgumentParser:
     for command in POINT_RUNNERS:
         kernel_parser(sub, command, experiment_args)
 
-
-
     for name, module in FORWARDED.items():  # listed for --help; main() forwards them before parsing
         sub.add_parser(name, help=f"end-to-end runner fsalab.bench.{module} (see `fsalab {name} --help`)")
 
@@ -412,57 +473,58 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("theory", help="memory/FLOP model table of a theory experiment")
     experiment_args(p)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the CSV to write (results/<platform>/theory.csv)")
     p.set_defaults(func=cmd_theory)
 
     p = sub.add_parser("aggregate", help="point files -> results/<platform>/<experiment>.csv")
     p.add_argument("--experiment", nargs="+", required=True, help="experiments/<name>.yaml (names or paths)")
-    p.add_argument("--platform")
-    p.add_argument("--results-dir", default="results")
-    p.add_argument("--out", help="output CSV (one experiment only)")
-    p.add_argument("--force", action="store_true", help="aggregate rows measured on another machine too")
+    p.add_argument("--platform", help="the results/<platform>/ folder to read (default: this machine's)")
+    results_dir_arg(p)
+    p.add_argument("--out", help="output CSV (one experiment only; never another platform's folder)")
+    p.add_argument("--force", action="store_true",
+                   help="aggregate rows measured on another machine too, and replace a table of more rows")
     p.add_argument("--points", nargs="*",
                    help="only these point files (one experiment; default: every file of the folder)")
     p.set_defaults(func=cmd_aggregate)
 
     p = sub.add_parser("migrate-ids", help="rename result files whose point id is not the one their parameters give")
-    p.add_argument("--results-dir", default="results")
+    results_dir_arg(p)
     p.add_argument("--dry-run", action="store_true", help="print the renames only")
     p.set_defaults(func=cmd_migrate_ids)
 
     p = sub.add_parser("supersede", help="move point files measured before a commit to results/<platform>/superseded/")
-    p.add_argument("--platform", required=True)
+    p.add_argument("--platform", required=True, help="the results/<platform>/ folder to sort")
     p.add_argument("--min-commit", required=True, help="rows of this commit or its descendants stay")
     p.add_argument("--experiment", nargs="+", help="only these experiments (default: all)")
     p.add_argument("--filter", help="only points whose id matches this regular expression")
-    p.add_argument("--results-dir", default="results")
+    results_dir_arg(p)
     p.add_argument("--dry-run", action="store_true", help="print the moves only")
     p.set_defaults(func=cmd_supersede)
 
     p = sub.add_parser("collect", help="add the point files of device calls' results.tgz this tree lacks, then "
                        "re-aggregate the experiments that gained rows")
     p.add_argument("archives", nargs="+", help="results.tgz files (scripts/gpu/pack_results.sh packs them)")
-    p.add_argument("--results-dir", default="results")
+    results_dir_arg(p)
     p.add_argument("--dry-run", action="store_true", help="say what would be added only")
     p.add_argument("--no-aggregate", action="store_true", help="leave the CSVs as they are")
     p.set_defaults(func=cmd_collect)
 
     p = sub.add_parser("notebook", help="execute an analysis notebook headless")
-    p.add_argument("notebook")
+    p.add_argument("notebook", help="the notebook to run (analysis/<name>.ipynb)")
     p.add_argument("--platform", required=True, help="results/<platform>/ to read")
     p.add_argument("--figures", required=True,
                    help="folder for figures and tables (replaced only when the notebook runs through)")
     p.add_argument("--publish", action="append",
                    help="also copy the finished folder here, replacing it (paper_figures/<notebook>; repeatable)")
-    p.add_argument("--results-dir")
+    results_dir_arg(p, None)
     p.add_argument("--executed", help="where to save the executed notebook")
     p.add_argument("--timeout", type=int, default=900, help="per-cell timeout in seconds")
     p.set_defaults(func=cmd_notebook)
 
     p = sub.add_parser("reproduction", help="write REPRODUCTION.md from results")
-    p.add_argument("--platform", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--results-dir")
+    p.add_argument("--platform", required=True, help="results/<platform>/ to read (and its multi-GPU hosts')")
+    p.add_argument("--out", required=True, help="the Markdown file to write")
+    results_dir_arg(p, None)
     p.add_argument("--figures", help="folder holding the figures to link")
     p.add_argument("--readme", help="also rewrite this README's generated blocks from the same results")
     p.set_defaults(func=cmd_reproduction)

@@ -7,38 +7,84 @@ else the first platform with results), ``FSALAB_FIGURES`` (output folder; defaul
 root). Every figure is saved as PNG and PDF; every table as Markdown and CSV. ``fsalab notebook``
 points ``FSALAB_FIGURES`` at a temporary folder and moves it into place only when the whole
 notebook ran, so a failing notebook never replaces or deletes figures.
+
+The matplotlib backend is left to matplotlib: inline in Jupyter, Agg without a display, and
+Agg under ``fsalab notebook`` (which sets ``MPLBACKEND``), so headless figures do not depend on
+the machine. Every implementation has one display name and one colour in every figure
+(``IMPLS``; ``label``, ``color`` and ``hue`` look them up), the parts of an NSA step or a layer
+theirs (``PARTS``). Figures of a plumbing-check platform (``provenance.plumbing_only``) say so.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")  # headless: notebooks run under nbclient without a display
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
+from matplotlib.patches import Patch
 
 from . import results
+from .bench.provenance import plumbing_only
 from .bench.repo import repo_root
 
-# One colour per implementation across every figure.
-PALETTE = {
-    "fsa": "#1b9e77",
-    "fsa_paper": "#66a61e",
-    "nsa": "#d95f02",
-    "full": "#7570b3",
-    "reference": "#999999",
-    "compressed": "#e6ab02",
-    "selected": "#1b9e77",
-    "window": "#7570b3",
+# Implementation (the ``impl`` of result rows) -> (display name, colour), in legend order.
+# "full": the fastest full attention measured at a point. "triton" names several kernels, so it
+# is keyed by op (``key``): fsalab's NSA decode step and its FlashAttention-2 full attention.
+IMPLS: dict[str, tuple[str, str]] = {
+    "fsa": ("FSA (fsalab)", "#1b9e77"),
+    "fsa_paper": ("FSA (paper)", "#66a61e"),
+    "nsa": ("NSA", "#d95f02"),
+    "auto": ("auto (FSA or NSA per shape)", "#e7298a"),
+    "fla_nsa": ("NSA (fla-core)", "#a6761d"),
+    "nsa_step": ("NSA decode step (fsalab)", "#1f78b4"),
+    "reference": ("reference (fp32)", "#999999"),
+    "full": ("full attention (fastest)", "#7570b3"),
+    "sdpa_cudnn": ("full attention (cuDNN)", "#54278f"),
+    "sdpa_flash": ("full attention (SDPA flash)", "#9e9ac8"),
+    "sdpa_math": ("full attention (SDPA math)", "#cbc9e2"),
+    "sdpa": ("full attention (SDPA)", "#bcbddc"),
+    "flash_attn": ("full attention (flash-attn)", "#3f007d"),
+    "flashinfer": ("full attention (FlashInfer)", "#e6ab02"),
+    "full_triton": ("full attention (fsalab Triton)", "#807dba"),
 }
-LABELS = {"fsa": "FSA (fsalab)", "fsa_paper": "FSA (paper)", "nsa": "NSA", "full": "Full attention", "reference": "reference"}
+_TRITON_BY_OP = {"decode_step": "nsa_step", "full_attention": "full_triton"}
+# Parts of an NSA attention step (its branches) and of a layer, each with its own colour (no
+# implementation's).
+PARTS: dict[str, tuple[str, str]] = {
+    "compressed": ("compressed", "#fdb462"),
+    "selected": ("selected", "#80b1d3"),
+    "window": ("sliding window", "#b3de69"),
+    "mlp": ("MLP", "#d9d9d9"),
+}
+ESTIMATE_HATCH = "////"
+
+
+def key(impl: str, op: str | None = None) -> str:
+    """The ``IMPLS`` key of a row's ``impl`` (of op ``op``: "triton" names a different kernel per op)."""
+    return _TRITON_BY_OP.get(op, impl) if impl == "triton" else impl
+
+
+def label(impl: str, op: str | None = None) -> str:
+    """The display name of an implementation; KeyError for one without a name in ``IMPLS``."""
+    return IMPLS[key(impl, op)][0]
+
+
+def color(impl: str, op: str | None = None) -> str:
+    """The colour of an implementation in every figure."""
+    return IMPLS[key(impl, op)][1]
+
+
+def hue(impls: Iterable[str], op: str | None = None) -> dict:
+    """seaborn's ``hue_order`` and ``palette`` for a hue column of display names (``label``) of
+    ``impls``, in ``IMPLS`` order: the same colour and legend order in every panel."""
+    keys = {key(i, op) for i in impls}
+    order = [k for k in IMPLS if k in keys]
+    return {"hue_order": [IMPLS[k][0] for k in order], "palette": {IMPLS[k][0]: IMPLS[k][1] for k in order}}
 
 
 @dataclass(frozen=True)
@@ -75,7 +121,11 @@ def setup() -> None:
 
 
 def save(fig: plt.Figure, ctx: Context, name: str) -> list[Path]:
-    """Save ``fig`` as ``<figures>/<name>.png`` and ``.pdf``; returns the paths."""
+    """Save ``fig`` as ``<figures>/<name>.png`` and ``.pdf``; returns the paths. A plumbing-check
+    platform's figure is stamped as one."""
+    if plumbing_only(ctx.platform):
+        fig.text(0.5, 0, f"plumbing check (results/{ctx.platform}/: smoke shapes), not a measurement of the paper's "
+                 "claims", ha="center", va="top", fontsize=8, color="#b2182b")
     paths = [ctx.figures_dir / f"{name}.{ext}" for ext in ("png", "pdf")]
     for p in paths:
         # No creation date in the PDF: regenerating unchanged results leaves the files unchanged.
@@ -111,6 +161,46 @@ def label_bars(ax: plt.Axes, fmt: str = "{:.2g}", fontsize: int = 6) -> None:
         heights = [b.get_height() for b in container]
         ax.bar_label(container, labels=[fmt.format(h) if not math.isnan(h) and h > 0 else "" for h in heights],
                      fontsize=fontsize, padding=1)
+
+
+def shades(impl: str, n: int) -> list:
+    """``n`` shades of an implementation's colour, light to full: its variants (a parameter's
+    values, an optimisation turned off) in one family."""
+    return sns.light_palette(color(impl), n_colors=n + 1)[1:]
+
+
+def figure_legend(fig: plt.Figure) -> None:
+    """One legend below the panels for every entry of their legends (each label once), in place
+    of a legend per panel."""
+    entries = {}
+    for ax in fig.axes:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(text, handle)
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    if entries:
+        fig.legend(entries.values(), entries.keys(), loc="upper center", bbox_to_anchor=(0.5, 0), ncol=len(entries),
+                   fontsize=7, frameon=False)
+
+
+def ratio_label(ratios: dict[str, float], fmt: str = "{:.1f}") -> str:
+    """A bar group's ratios to FSA, one line each, named: {"NSA": 3.7, "full": 0.7} ->
+    'NSA 3.7×' / 'full 0.7×' (time / FSA's time; '–' where one is missing)."""
+    return "\n".join(f"{name} " + ("–" if value is None or math.isnan(value) else fmt.format(value) + "×")
+                     for name, value in ratios.items())
+
+
+def mark_estimates(bars: Iterable, estimated: Iterable[bool]) -> None:
+    """Hatch the bars whose value is an estimate (e.g. a full-depth time extrapolated from a slice
+    of layers) rather than a measurement; ``estimate_handle`` is their legend entry."""
+    for bar, est in zip(bars, estimated):
+        if est:
+            bar.set_hatch(ESTIMATE_HATCH)
+
+
+def estimate_handle(text: str) -> Patch:
+    """Legend entry of the hatched bars of ``mark_estimates``, saying what they estimate from."""
+    return Patch(facecolor="white", edgecolor="0.3", hatch=ESTIMATE_HATCH, label=text)
 
 
 def bt_label(block_size: int, topk: int) -> str:

@@ -4,8 +4,9 @@ Layout (DESIGN §2): ``results/<platform>/<experiment>/<point>.json`` (one row e
 the runners) -> ``results/<platform>/<experiment>.csv`` (one measurement a row, the DESIGN
 columns first, nested fields flattened, samples dropped). Notebooks and the REPRODUCTION.md
 generator read the CSVs through ``load_table``; every row is checked against
-``result.schema.yaml`` (``fsalab.data``) on the way in, and ``aggregate`` refuses a folder whose
-rows were measured on another machine than the folder's (``--force`` to import copies).
+``result.schema.yaml`` (``fsalab.data``) on the way in. ``aggregate`` refuses a folder whose
+rows were measured on another machine than the folder's, a table bound for another platform's
+folder, and replacing a table by one of fewer rows (``--force`` to do so).
 ``migrate_point_ids`` renames point files whose id is not the one their parameters give (ids
 hash every parameter, ``fsalab.bench.points.point_hash``), without re-measuring anything.
 ``collect`` brings the point files of a device call's ``results.tgz`` into this tree, adding
@@ -61,6 +62,21 @@ def platforms(results_dir: str | Path | None = None) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
 
+def platform_folder(platform: str, results_dir: str | Path | None = None) -> Path:
+    """``results/<platform>/`` when it holds results (tables or point files); ValueError saying
+    what is missing otherwise (the results folder, the platform's folder, or any result in it)."""
+    root = results_root(results_dir)
+    if not root.is_dir():
+        raise ValueError(f"no results folder {root}")
+    folder = root / platform
+    if not folder.is_dir():
+        raise ValueError(f"no results of platform {platform!r} in {root}/ "
+                         f"(platforms there: {', '.join(platforms(results_dir)) or 'none'})")
+    if not any(folder.glob("*.csv")) and not any(folder.glob("*/*.json")):
+        raise ValueError(f"{folder}/ holds no results (no <experiment>.csv, no <experiment>/<point>.json)")
+    return folder
+
+
 def _get(row: dict, path: tuple[str, ...]):
     for key in path:
         if not isinstance(row, dict) or key not in row:
@@ -91,6 +107,10 @@ def load_rows(platform: str, experiment: str, results_dir: str | Path | None = N
     schema = load_schema("result")
     rows = []
     paths = sorted(folder.glob("*.json")) if points is None else [folder / f"{p}.json" for p in sorted(points)]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"no point file {missing[0]}{more}")
     for path in paths:
         rows.append(validate(json.loads(path.read_text()), schema, str(path)))
     return rows
@@ -116,17 +136,54 @@ def check_machines(platform: str, rows: list[dict]) -> None:
                                "refusing to aggregate them into one table (--force to do so)")
 
 
+class FewerRows(ValueError):
+    """An aggregated table was about to replace one with more rows."""
+
+
+def row_count(csv: str | Path) -> int | None:
+    """Rows of an aggregated table, None when there is no file."""
+    csv = Path(csv)
+    if not csv.is_file():
+        return None
+    try:
+        return len(pd.read_csv(csv))
+    except pd.errors.EmptyDataError:
+        return 0
+
+
+def check_table_destination(out: Path, platform: str, rows: list[dict], results_dir: str | Path | None = None) -> None:
+    """PlatformMismatch when the table of ``results/<platform>/`` would be written into another
+    platform's folder of the results root, or its rows into a folder named for another machine."""
+    from .bench.provenance import PlatformMismatch, check_destination
+
+    root = results_root(results_dir).resolve()
+    folder = out.resolve().parent
+    if folder.parent == root and folder.name != platform:
+        raise PlatformMismatch(f"{out} is the table of results/{folder.name}/, the rows come from results/{platform}/; "
+                               f"refusing to write them there (write outside the results folder, or --force)")
+    if folder.name != platform:
+        for row in rows:
+            check_destination(row, folder.name)
+
+
 def aggregate(platform: str, experiment: str, results_dir: str | Path | None = None, out: str | Path | None = None,
-              force: bool = False, points: list[str] | None = None) -> Path:
+              force: bool = False, points: list[str] | None = None, fewer_ok: bool = False) -> Path:
     """Write ``results/<platform>/<experiment>.csv`` from the point files (every file of the
     folder, or the point ids ``points``: the workflow passes its grid's, so files of points no
     longer in the grid stay on disk but out of the table); returns its path.
-    Rows measured on another machine than the folder's are refused unless ``force``."""
+    Unless ``force``: rows measured on another machine than the folder's, a table bound for
+    another platform's folder (``out``) and, unless ``fewer_ok``, one that would replace a
+    table of more rows are refused."""
     rows = load_rows(platform, experiment, results_dir, points)
+    out = Path(out) if out is not None else results_root(results_dir) / platform / f"{experiment}.csv"
     if not force:
         check_machines(platform, rows)
+        check_table_destination(out, platform, rows, results_dir)
+        before = row_count(out)
+        if not fewer_ok and before is not None and len(rows) < before:
+            raise FewerRows(f"{out} holds {before} rows; refusing to replace it by a table of {len(rows)} "
+                            "(--force to do so)")
     df = to_frame(rows)
-    out = Path(out) if out is not None else results_root(results_dir) / platform / f"{experiment}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out, index=False)
     return out

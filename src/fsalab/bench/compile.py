@@ -105,6 +105,6 @@ def run_point(p: KernelPoint, exp: dict, device: torch.device, platform: str | N
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="internal: the process whose first call is timed")
     ap.add_argument("--target", required=True, help="the point as JSON")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="steady (cached) calls timed after the first")
     args = ap.parse_args()
     print(RESULT_TAG + json.dumps(_target(KernelPoint(**json.loads(args.target)), args.repeats)), flush=True)

@@ -33,7 +33,7 @@ def add_point_args(ap: argparse.ArgumentParser) -> None:
     overlay = ap.add_mutually_exclusive_group()
     overlay.add_argument("--smoke", action="store_true", help="the experiment's tiny entry in experiments/smoke.yaml")
     overlay.add_argument("--paper", action="store_true", help="the experiment's paper points (experiments/paper.yaml)")
-    ap.add_argument("--skip-existing", action="store_true", help="keep result files already there")
+    ap.add_argument("--skip-existing", action="store_true", help="with --point/--all: keep result files already there")
     ap.add_argument("--budget-s", type=float, help="with --all: start only the points expected to end within this "
                     "many seconds (their last measured time), leave the rest for a later run")
     ap.add_argument("--results-dir", default=None, help="default: <repo>/results")
@@ -41,15 +41,29 @@ def add_point_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", help="ad-hoc point: write the row here (default: print it)")
     ap.add_argument("--force", action="store_true",
                     help="write even into another machine's results folder or over its row (importing copies)")
-    for flag, kind in (("model", str), ("impl", str), ("N", int), ("batch", int), ("layers", int),
-                       ("block-size", int), ("topk", int), ("window-size", int),
-                       ("seed", int), ("loss-chunk", int), ("parallel", str)):
-        ap.add_argument(f"--{flag}", type=kind, default=None)
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default=None)
+    for flag, kind, text in (("model", str, "model architecture (llama3-8b, qwen3-14b, qwen2.5-32b)"),
+                             ("impl", str, "attention: fsa, fsa_paper, nsa, auto, reference or a full-attention "
+                                           "backend"),
+                             ("N", int, "tokens per sequence"), ("batch", int, "sequences in the batch"),
+                             ("layers", int, "decoder layers to run (0: the whole model)"),
+                             ("block-size", int, "selection block B_K in tokens"),
+                             ("topk", int, "selected blocks T per token and KV head"),
+                             ("window-size", int, "sliding window w in tokens"), ("seed", int, "random seed"),
+                             ("loss-chunk", int, "tokens per chunk of the chunked cross-entropy loss"),
+                             ("parallel", str, "none, fsdp or tp (under torchrun)")):
+        ap.add_argument(f"--{flag}", type=kind, default=None, help=f"ad-hoc point: {text}")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="ad-hoc point: parameter and input dtype")
     ap.add_argument("--model-overrides", type=yaml.safe_load, default=None,
                     help="YAML/JSON mapping of config fields to replace (tiny test models)")
-    ap.add_argument("--warmup", type=int, default=None)
-    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=None, help="untimed runs before timing (default: the experiment's)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed runs (default: the experiment's)")
+
+
+def parser(op: str, description: str = "") -> argparse.ArgumentParser:
+    """The command line of the end-to-end runner of ``op`` (``fsalab bench-<runner>``)."""
+    ap = argparse.ArgumentParser(prog=f"fsalab bench-{op.split('_')[0]}", description=description)
+    add_point_args(ap)
+    return ap
 
 
 def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = None) -> int:
@@ -62,8 +76,7 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
     from ..parallel import fsdp
 
     doc = sys.modules[runner.__module__].__doc__ or ""
-    ap = argparse.ArgumentParser(prog=f"fsalab bench-{op.split('_')[0]}", description=doc.split("\n\n")[0])
-    add_point_args(ap)
+    ap = parser(op, doc.split("\n\n")[0])
     args = ap.parse_args(argv)
     device = fsdp.setup_device()  # first: selects the Triton interpreter before triton is imported
     from .provenance import detect_platform

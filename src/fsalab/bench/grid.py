@@ -103,14 +103,26 @@ def experiment_path(name_or_path: str | Path) -> Path:
     return path
 
 
+def read_yaml(path: str | Path):
+    """The parsed YAML file; ValueError naming the file, the line and the problem of a syntax error."""
+    try:
+        with open(path) as fh:
+            return yaml.safe_load(fh)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ValueError(f"{path} is not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+
+
 def load_experiment(name_or_path: str | Path, smoke: bool = False, paper: bool = False) -> dict:
     """A validated experiment; with ``smoke`` (``paper``) its entry of experiments/smoke.yaml
     (experiments/paper.yaml) merged over it."""
     if smoke and paper:
         raise ValueError("an experiment is loaded with the smoke overlay or the paper overlay, not both")
     path = experiment_path(name_or_path)
-    with open(path) as fh:
-        exp = yaml.safe_load(fh)
+    exp = read_yaml(path)
+    if not isinstance(exp, dict):
+        raise ValueError(f"{path} must hold a mapping (experiment, runner, grid, ...), got {type(exp).__name__}")
     overlay = "smoke" if smoke else "paper" if paper else None
     if overlay:
         entries = load_overlay(overlay)["experiments"]
@@ -126,8 +138,7 @@ def load_overlay(name: str) -> dict:
     if name not in OVERLAYS:
         raise ValueError(f"overlay must be one of {OVERLAYS}, got {name!r}")
     path = experiment_path(name)
-    with open(path) as fh:
-        return validate(yaml.safe_load(fh), load_schema("overlay"), str(path))
+    return validate(read_yaml(path), load_schema("overlay"), str(path))
 
 
 def load_smoke() -> dict:

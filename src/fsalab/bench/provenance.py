@@ -75,6 +75,12 @@ def row_machine(row: dict) -> str:
     return platform_from_gpu_name(prov["gpu"]) if prov.get("gpu") else "cpu"
 
 
+def machine_folder(machine: str) -> str:
+    """The results folder of a machine's rows: its platform name; ``cpu-interpret`` for ``cpu``
+    (``fsalab`` runs the kernels through the Triton interpreter there)."""
+    return "cpu-interpret" if machine == "cpu" else machine
+
+
 def folder_machine(platform: str) -> str | None:
     """The machine a results folder belongs to when its name says so: ``h200``, ``h200-smoke``
     and ``h200x2`` belong to ``h200``; ``cpu-interpret`` to ``cpu``; other names (test folders,
@@ -83,6 +89,13 @@ def folder_machine(platform: str) -> str | None:
     if base in ("cpu", "cpu-interpret"):
         return "cpu"
     return base if base in {plat for _, plat in _GPU_PLATFORMS} else None
+
+
+def plumbing_only(platform: str) -> bool:
+    """Whether ``results/<platform>/`` holds plumbing checks rather than measurements: rows of a
+    CPU (kernels run by the Triton interpreter, or the fp32 reference) or of a GPU's smoke grids
+    (``<gpu>-smoke``), whose tiny shapes time nothing the paper speaks of."""
+    return folder_machine(platform) == "cpu" or platform.endswith("-smoke")
 
 
 class PlatformMismatch(ValueError):
@@ -100,7 +113,8 @@ def check_destination(row: dict, platform: str, existing: dict | None = None, fo
     if owner is not None and owner != machine:
         raise PlatformMismatch(
             f"row {row.get('point')!r} was measured on {machine!r} but results/{platform}/ holds {owner!r} "
-            f"results; refusing to mix them (write to results/{machine}/ or pass --force to import a copy)")
+            f"results; refusing to mix them (write to results/{machine_folder(machine)}/ or pass --force to import a "
+            "copy)")
     if existing is not None and row_machine(existing) != machine:
         raise PlatformMismatch(
             f"results/{platform}/{row.get('experiment')}/{row.get('point')}.json was measured on "

@@ -20,6 +20,7 @@ from ..ops import (
     window_op,
 )
 from ..ops.decode import DECODE_IMPLS, NSADecodeCache, decode_ops
+from ..ops.selected import IMPLS as SELECTION_IMPLS
 from ..ops.selected import selected_attention
 from ..varlen import compressed_index, local_positions, sequence_ids
 from .rope import apply_rope, rope_inv_freq
@@ -33,10 +34,11 @@ class NativeSparseAttention(nn.Module):
     Gates: sigmoid of a linear map of the hidden state, one per branch and query head.
 
     Each branch's op is chosen by name: ``compression_impl`` ("reference" | "triton" | "auto"),
-    ``selection_impl`` (see ``fsalab.ops.selected``; None = "auto" on CUDA, "reference" on CPU),
-    ``window_impl`` ("reference" | "triton" | "flash_attn" | "auto"), ``gate_impl`` ("reference" |
-    "triton" | "auto"; the gated sum of the three branches), ``decode_impl`` ("reference" |
-    "triton" | "auto"; the decode step, ``decode``).
+    ``selection_impl`` (see ``fsalab.ops.selected``; None means "auto"), ``window_impl``
+    ("reference" | "triton" | "flash_attn" | "auto"), ``gate_impl`` ("reference" | "triton" |
+    "auto"; the gated sum of the three branches), ``decode_impl`` ("reference" | "triton" |
+    "auto"; the decode step, ``decode``). "auto" is the kernels on CUDA tensors and the fp32
+    reference elsewhere; an unknown name fails here, not at the first forward.
     """
 
     def __init__(
@@ -61,9 +63,10 @@ class NativeSparseAttention(nn.Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         for name, value, known in (("compression_impl", compression_impl, COMPRESSION_IMPLS),
+                                   ("selection_impl", selection_impl or "auto", tuple(SELECTION_IMPLS)),
                                    ("window_impl", window_impl, WINDOW_IMPLS), ("gate_impl", gate_impl, GATE_IMPLS),
                                    ("decode_impl", decode_impl, DECODE_IMPLS)):
-            if value not in known:  # fail at construction, not at the first forward
+            if value not in known:
                 raise ValueError(f"{name} must be one of {known}, got {value!r}")
         if head_dim is None and hidden_size % num_heads:
             raise ValueError(f"hidden_size ({hidden_size}) must be a multiple of num_heads ({num_heads}), "
@@ -203,7 +206,8 @@ class NativeSparseAttention(nn.Module):
         o_win, _ = window_op(self.window_impl, x.device)(q, k, v, cu_seqlens, cfg.window_size)
         o_cmp, lse_cmp = cmp.compressed_attention(q, k_cmp, v_cmp, cu_seqlens, cu_cmp, cfg)
         block_idx = cmp.select_blocks(q, k_cmp, lse_cmp, cu_seqlens, cu_cmp, cfg)
-        selection = self.selection_impl or selection_default(x.device)
+        # "auto" (and None) as for the other branches: the kernels on CUDA, the reference elsewhere.
+        selection = self.selection_impl if self.selection_impl not in (None, "auto") else selection_default(x.device)
         # block_idx comes from select_blocks, whose output meets the index checks by construction.
         o_slc, _ = selected_attention(q, k, v, block_idx, cu_seqlens, cfg.block_size, impl=selection,
                                       check_indices=False)

@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import KERNEL_DTYPES, check_attention_inputs, check_tensor
+from ..checks import KERNEL_DTYPES, check_attention_inputs, check_scale, check_tensor
 from ._triton import (
     INTERPRET,
     LN2_C,
@@ -635,9 +635,8 @@ def flash_attention(
         key_stride, key_offset, window = kernel_stride, kernel_size - 1, NO_WINDOW
     if total >= NO_WINDOW or k.shape[0] >= NO_WINDOW:
         raise ValueError(f"at most {NO_WINDOW - 1} tokens per call (int32 positions), got {max(total, k.shape[0])}")
+    check_scale(scale)  # the backward works with lse / scale and -inf masks
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[2])
-    if not math.isfinite(scale) or scale <= 0:  # the backward works with lse / scale and -inf masks
-        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
     q, k, v = (unit_last_stride(x) for x in (q, k, v))
     return FlashAttention.apply(
         q, k, v, cu_seqlens_q, cu_seqlens_k, key_stride, key_offset, window, float(scale), mask == "compressed",

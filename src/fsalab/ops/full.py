@@ -25,7 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..checks import KERNEL_DTYPES, check_attention_inputs
+from ..checks import KERNEL_DTYPES, check_attention_inputs, check_scale
 from ..varlen import local_positions, sequence_ids
 from .flash import NO_WINDOW, flash_attention
 from .impls import FULL_ATTENTION_IMPLS
@@ -111,6 +111,7 @@ def full_attention(
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     check_attention_inputs(q, k, v, cu_seqlens, KERNEL_DTYPES)
+    check_scale(scale)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"k/v must have one row per query row ({q.shape[0]}), got {k.shape[0]}")
     total = q.shape[0]

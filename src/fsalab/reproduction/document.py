@@ -19,6 +19,7 @@ import pandas as pd
 
 from .. import results, theory
 from ..bench.grid import known_experiments
+from ..bench.provenance import plumbing_only
 from . import metrics as m
 from .artefacts import ORDER, Tables, artefact_names, claims
 from .freshness import STALE, freshness
@@ -199,10 +200,23 @@ def _freshness_lines(t: Tables, rows: list[Claim]) -> list[str]:
     return lines
 
 
+def plumbing_lines(platform: str) -> list[str]:
+    """The warning atop a REPRODUCTION.md of plumbing checks (``provenance.plumbing_only``)."""
+    return [
+        f"> **Plumbing check, not a reproduction.** `results/{platform}/` holds smoke rows: tiny shapes",
+        "> on a CPU, the kernels run by the Triton interpreter, or on a GPU at sizes no claim is about.",
+        "> Their verdicts only show that every step from a measurement to this page runs; they say",
+        "> nothing about the paper's claims. The reproduction is the repository's top-level",
+        "> `REPRODUCTION.md`, written from GPU measurements.",
+        "",
+    ]
+
+
 def reproduction_text(platform: str, results_dir=None, figures: str | None = None) -> str:
-    """REPRODUCTION.md of ``platform`` as text."""
+    """REPRODUCTION.md of ``platform`` as text; a plumbing check's says so at its top."""
     t = Tables(platform, results_dir)
     rows = claims(platform, results_dir)
+    plumbing = plumbing_only(platform)
     counts = tally(rows)
     commits = sorted({c for r in rows for c in r.commits})
     lines = [
@@ -212,6 +226,7 @@ def reproduction_text(platform: str, results_dir=None, figures: str | None = Non
         "edit by hand. The paper's values: `analysis/paper_values.yaml`. One row per claim of every",
         "numbered artefact (abstract, Theorem, Figures 2-11, Tables 2-15).",
         "",
+        *(plumbing_lines(platform) if plumbing else []),
         *rules_lines(),
         "## Sources",
         "",
@@ -219,7 +234,8 @@ def reproduction_text(platform: str, results_dir=None, figures: str | None = Non
         *_provenance_lines(t),
         f"- commits of the rows: {', '.join(commits) or '—'}",
         "",
-        "Verdicts (each measurement counted once): " + ", ".join(f"{k}: {v}" for k, v in counts.items()),
+        ("Verdicts (plumbing check: meaningless): " if plumbing else "Verdicts (each measurement counted once): ")
+        + ", ".join(f"{k}: {v}" for k, v in counts.items()),
         "",
         "| artefact | claim | paper | paper's GPUs | ours | ours / paper | beyond the paper (not judged) | platform | "
         "commits | points | verdict |",

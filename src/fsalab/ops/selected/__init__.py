@@ -29,6 +29,7 @@ from ...checks import (
     check_block_idx,
     check_block_idx_values,
     check_block_size,
+    check_scale,
 )
 
 # impl name -> (module, function name), imported on first use
@@ -76,6 +77,7 @@ def selected_attention(
     """
     fn = resolve(impl)
     check_attention_inputs(q, k, v, cu_seqlens, REFERENCE_DTYPES if impl == "reference" else KERNEL_DTYPES)
+    check_scale(scale)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"k/v must have one row per token of q ({q.shape[0]}), got {k.shape[0]}")
     check_block_size(block_size, impl)

@@ -9,6 +9,7 @@ Each result row records which (``inputs.indices_from``).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -76,9 +77,10 @@ INPUT_KEYS = ("dtype", "kernel_size", "kernel_stride", "block_size", "topk", "in
 _last: tuple[tuple, Inputs] | None = None
 
 
-def input_key(p: KernelPoint, device: torch.device | str = "", need_indices: bool = True) -> tuple:
-    """What make_inputs depends on: points with equal keys get identical inputs."""
-    return tuple(getattr(p, k) for k in INPUT_KEYS) + (str(device), need_indices)
+def input_key(p: Mapping, device: torch.device | str = "", need_indices: bool = True) -> tuple:
+    """What make_inputs depends on: points with equal keys get identical inputs (a KernelPoint, or
+    another runner's point with these parameters, which the sweep orders by the same key)."""
+    return tuple(p.get(k) for k in INPUT_KEYS) + (str(device), need_indices)
 
 
 def make_inputs(p: KernelPoint, device: torch.device, need_indices: bool = True) -> Inputs:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -95,32 +96,33 @@ def nsa_attention_calls(impl: str, length: int, h_kv: int, g: int, d: int, block
 
 
 def run_points(
-    points: list[KernelPoint], exp: dict, device: torch.device, results_dir: str | Path, platform: str | None = None,
+    points: list[Mapping], exp: dict, device: torch.device, results_dir: str | Path, platform: str | None = None,
     skip_existing: bool = False, stream=sys.stderr, runner=None, force: bool = False, budget_s: float | None = None,
 ) -> list[Path]:
     """Run points in this process, one file each, printing progress (index, status, latency, ETA).
 
     ``runner(point, exp, device, platform) -> row`` defaults to ``run_point`` (``dram.run_point``
-    profiles instead of timing). Each row is written as soon as it exists and a runner that
-    raises gives a failure row (``run_safely``), so one bad point costs no other point's file.
-    With ``budget_s``, a point is started only when it is expected to end inside the budget
-    (``bench.budget``: its last measured time); the others are left for a later run."""
+    profiles instead of timing, ``decode.run_point`` runs the decode experiments' dict points).
+    Each row is written as soon as it exists and a runner that raises gives a failure row
+    (``run_safely``), so one bad point costs no other point's file. With ``budget_s``, a point is
+    started only when it is expected to end inside the budget (``bench.budget``: its last measured
+    time); the others are left for a later run."""
     runner = runner or run_point
     platform = platform or detect_platform()
     budget = budget_for(points, budget_s, platform, results_dir)
     # Points sharing inputs run back to back (every impl and direction of one grid point in turn).
     points = sorted(points, key=lambda p: repr(input_key(p)))
-    paths = [result_path(results_dir, platform, p.experiment, p.id) for p in points]
+    paths = [result_path(results_dir, platform, p["experiment"], p["id"]) for p in points]
     for path in paths:  # refuse the whole sweep up front, before any file is written
         if not (skip_existing and path.exists()):
             check_writable(path, platform, force)
     written, t0 = [], time.time()
     for i, (p, path) in enumerate(zip(points, paths), 1):
         if skip_existing and path.exists():
-            print(f"[{i}/{len(points)}] {p.id}: exists, skipped", file=stream, flush=True)
+            print(f"[{i}/{len(points)}] {p['id']}: exists, skipped", file=stream, flush=True)
             continue
         if not budget.fits(p):
-            print(f"[{i}/{len(points)}] {p.id}: {budget.note(p)}", file=stream, flush=True)
+            print(f"[{i}/{len(points)}] {p['id']}: {budget.note(p)}", file=stream, flush=True)
             continue
         started = time.time()
         row = run_safely(runner, p, exp, device, platform)
@@ -128,5 +130,5 @@ def run_points(
         budget.spend(time.time() - started)
         eta = (time.time() - t0) / i * (len(points) - i)
         lat = f"{row['median_ms']:.3f} ms" if row.get("median_ms") is not None else row["message"][:80]
-        print(f"[{i}/{len(points)}] {p.id}: {row['status']} {lat} (eta {eta:.0f} s)", file=stream, flush=True)
+        print(f"[{i}/{len(points)}] {p['id']}: {row['status']} {lat} (eta {eta:.0f} s)", file=stream, flush=True)
     return written

@@ -152,7 +152,7 @@ def e2e_base(runner: str) -> dict:
     return {**copy.deepcopy(E2E_DEFAULTS), **copy.deepcopy(extra), "op": op, "dtype": dtype}
 
 
-def nsa_config(p: dict) -> NSAConfig:
+def nsa_config(p: Mapping) -> NSAConfig:
     """NSAConfig of a point (kernel_size, kernel_stride, block_size, topk, init/local blocks, window)."""
     return NSAConfig(
         kernel_size=p["kernel_size"], kernel_stride=p["kernel_stride"], block_size=p["block_size"],

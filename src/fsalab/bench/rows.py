@@ -14,6 +14,7 @@ import json
 import math
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,8 +22,6 @@ from .provenance import check_destination, machine_platform, provenance
 
 if TYPE_CHECKING:
     import torch
-
-    from .points import KernelPoint
 
 STATUSES = ("ok", "oom", "error", "unsupported")
 # DESIGN §2: every aggregated table has at least these columns, in this order.
@@ -47,15 +46,16 @@ def result_path(results_dir: str | Path, platform: str, experiment: str, point_i
     return Path(results_dir) / platform / experiment / f"{point_id}.json"
 
 
-def kernel_row(p: KernelPoint, platform: str) -> dict:
-    """A kernel point's row: the DESIGN columns it has (h = h_kv x g), its parameters, measurements unset."""
+def kernel_row(p: Mapping, platform: str) -> dict:
+    """A kernel point's row (a ``KernelPoint``, or a decode point with the same shape
+    parameters): the DESIGN columns it has (h = h_kv x g), its parameters, measurements unset."""
     row = {c: None for c in COLUMNS}
-    row.update({k: p[k] for k in COLUMNS if k in p})
+    row.update({k: p.get(k) for k in COLUMNS if k in p})
     row.update(
-        experiment=p.experiment, point=p.id, h=p.h_kv * p.g, model=p.model,
+        experiment=p["experiment"], point=p["id"], h=p["h_kv"] * p["g"], model=p.get("model", ""),
         platform=platform, status=None, message="",
     )
-    row.update({k: getattr(p, k) for k in _PARAM_KEYS})
+    row.update({k: p.get(k) for k in _PARAM_KEYS})
     return row
 
 

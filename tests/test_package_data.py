@@ -44,7 +44,7 @@ print("module ok")
 
 
 def test_package_data_holds_what_the_library_reads():
-    for name in ("experiment", "smoke", "result", "config"):
+    for name in ("experiment", "overlay", "result", "config"):
         assert grid.load_schema(name)["type"] == "object"
     assert grid.load_experiment("kernel")["experiment"] == "kernel"
     assert "experiments" in grid.load_smoke()

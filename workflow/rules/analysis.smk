@@ -37,8 +37,8 @@ rule reproduction_paper:
     input:
         lambda wc: reproduction_inputs(FIGURES_PLATFORM),
     output:
-        report("REPRODUCTION.md", category="Reproduction", caption="../report/reproduction.rst"),
-        update("README.md"),
+        reproduction=report("REPRODUCTION.md", category="Reproduction", caption="../report/reproduction.rst"),
+        readme=update("README.md"),
     log:
         f"logs/reproduction_{FIGURES_PLATFORM}.log",
     params:
@@ -48,7 +48,7 @@ rule reproduction_paper:
         "../envs/fsalab.yaml"
     shell:
         "fsalab reproduction --platform {params.platform} --results-dir results --figures {params.figures} "
-        "--out {output[0]} --readme {output[1]} > {log} 2>&1"
+        "--out {output.reproduction} --readme {output.readme} > {log} 2>&1"
 
 
 rule reproduction_platform:

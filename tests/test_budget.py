@@ -36,6 +36,22 @@ def test_a_point_takes_its_newest_measured_time_else_its_ops_median(tmp_path):
                                                 "other": budget.UNKNOWN_S * budget.SPREAD}
 
 
+def test_a_count_timed_row_is_rescaled_to_the_calls_the_next_run_makes(tmp_path):
+    """A whole-model row timed with 2 warm-up + 5 timed calls of 10 s in 100 s, planned for a
+    run of 1 + 2 calls: its 30 s of other work stay, its 70 s of calls become 30 s. A row timed
+    for a time (``rep_ms``) keeps its elapsed time."""
+    counted = {"elapsed_s": 100.0, "median_ms": 10_000.0,
+               "timing": {"method": "cuda_events", "warmup": 2, "repeats": 5}}
+    assert budget.rescaled_seconds(counted, {"warmup": 1, "repeats": 2}) == pytest.approx(60.0)
+    assert budget.rescaled_seconds(counted, {"repeats": 3}) == pytest.approx(80.0)  # warm-up count kept
+    assert budget.rescaled_seconds(counted, None) == 100.0
+    timed = {"elapsed_s": 4.0, "median_ms": 1.0, "timing": {"method": "auto", "warmup_ms": 10, "rep_ms": 50}}
+    assert budget.rescaled_seconds(timed, {"warmup_ms": 5, "rep_ms": 20}) == 4.0
+    (tmp_path / "h200" / "exp").mkdir(parents=True)
+    (tmp_path / "h200" / "exp" / "a.json").write_text(json.dumps(counted))
+    assert budget.measured_seconds("h200", "exp", tmp_path, {"warmup": 1, "repeats": 2}) == {"a": pytest.approx(60.0)}
+
+
 def test_slices_keep_the_grid_order_and_fit_the_budget_with_one_start():
     points = _points(*((f"p{i}", "x") for i in range(6)))
     expected = {f"p{i}": s for i, s in enumerate((100, 100, 100, 500, 50, 50))}

@@ -205,7 +205,7 @@ def cmd_plan(args) -> int:
         if exp["runner"] == "theory":
             continue
         points = grid.expand(exp)
-        measured = budget.measured_anywhere(args.platform, name, args.results_dir)
+        measured = budget.measured_anywhere(args.platform, name, args.results_dir, exp.get("timing"))
         expected = budget.estimates(points, measured)
         pieces = budget.slices(points, expected, args.slice_s)
         seconds = [budget.START_S + sum(expected[p["id"]] for p in piece) for piece in pieces]

@@ -76,7 +76,7 @@ def _slices(experiment):
     from this platform's measured rows, else other platforms' (read only: parsing writes nothing)."""
     from fsalab.bench import budget
 
-    measured = budget.measured_anywhere(PLATFORM, experiment, ROOT / "results")
+    measured = budget.measured_anywhere(PLATFORM, experiment, ROOT / "results", EXPERIMENTS[experiment].get("timing"))
     points = _EXPANDED[experiment]
     return budget.slices(points, budget.estimates(points, measured), SLICE_S)
 

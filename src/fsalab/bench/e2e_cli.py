@@ -122,7 +122,7 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
         # Each rank would judge the budget on its own clock and could leave a different point.
         ap.error("--budget-s runs on one process; a torchrun job times every point it is given")
     status = 0
-    budget = budget_for(points, args.budget_s, platform, results)
+    budget = budget_for(points, args.budget_s, platform, results, exp.get("timing"))
     for i, (p, path) in enumerate(zip(points, paths), 1):
         if args.skip_existing and path.exists():
             continue

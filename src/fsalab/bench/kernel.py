@@ -109,7 +109,7 @@ def run_points(
     time); the others are left for a later run."""
     runner = runner or run_point
     platform = platform or detect_platform()
-    budget = budget_for(points, budget_s, platform, results_dir)
+    budget = budget_for(points, budget_s, platform, results_dir, exp.get("timing"))
     # Points sharing inputs run back to back (every impl and direction of one grid point in turn).
     points = sorted(points, key=lambda p: repr(input_key(p)))
     paths = [result_path(results_dir, platform, p["experiment"], p["id"]) for p in points]

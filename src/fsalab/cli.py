@@ -371,6 +371,26 @@ def cmd_notebook(args) -> int:
     return 0
 
 
+def cmd_floors(args) -> int:
+    from . import results
+    from .reproduction.metrics import floors
+
+    results.platform_folder(args.platform, args.results_dir)
+    df = results.load_table(args.platform, args.experiment, args.results_dir)
+    for column in ("N", "g", "block_size"):
+        value = getattr(args, column)
+        if value is not None and column in df.columns:
+            df = df[df[column] == value]
+    table = floors(df, args.tflops, args.tbps)
+    if table.empty:
+        print(f"no ok row of {args.experiment} on {args.platform} matches", file=sys.stderr)
+        return 2
+    table["useful_tflop"] = table.pop("useful_flops") / 1e12
+    table["compulsory_gb"] = table.pop("compulsory_bytes") / 1e9
+    print(table.sort_values(["op", "impl", "direction", "N", "g"]).to_markdown(index=False, floatfmt=".3g"))
+    return 0
+
+
 def cmd_reproduction(args) -> int:
     from . import results
     from .reproduction import update_readme, write_reproduction
@@ -520,6 +540,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--executed", help="where to save the executed notebook")
     p.add_argument("--timeout", type=int, default=900, help="per-cell timeout in seconds")
     p.set_defaults(func=cmd_notebook)
+
+    p = sub.add_parser("floors", help="each measured row's FLOP and byte floor beside its time (a markdown table)")
+    p.add_argument("--platform", required=True, help="results/<platform>/ to read")
+    p.add_argument("--experiment", default="breakdown", help="the table to read (default: breakdown, each op alone)")
+    p.add_argument("--results-dir", default="results", help="where the results tables are")
+    p.add_argument("--N", type=int, help="only rows of N tokens per sequence")
+    p.add_argument("--g", type=int, help="only rows of GQA group size g")
+    p.add_argument("--block-size", type=int, help="only rows of selection block size B_K")
+    p.add_argument("--tflops", type=float, default=790.0, help="the GPU's dense bf16 MMA ceiling in TFLOP/s "
+                   "(default: the H200's, measured)")
+    p.add_argument("--tbps", type=float, default=4.3, help="the GPU's copy ceiling in TB/s (default: the H200's, measured)")
+    p.set_defaults(func=cmd_floors)
 
     p = sub.add_parser("reproduction", help="write REPRODUCTION.md from results")
     p.add_argument("--platform", required=True, help="results/<platform>/ to read (and its multi-GPU hosts')")

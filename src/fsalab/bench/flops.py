@@ -49,3 +49,31 @@ def causal_attention_flops(n: int, h: int, d: int, batch: int = 1) -> float:
     """Forward FLOPs of causal full attention over ``batch`` sequences of n tokens: 4·d per
     query head and attended key, n (n + 1) / 2 keys per head."""
     return 4.0 * d * h * batch * n * (n + 1) / 2
+
+
+def compulsory_bytes(op: str, direction: str, n: int, h: int, h_kv: int, d: int, cfg, elem_bytes: int = 2) -> float:
+    """DRAM bytes an op cannot avoid: each input read once and each output written once.
+
+    Attention kernels (selected, window, full_attention, compressed) read q [n, h, d] and k, v
+    [n, h_kv, d] and write o [n, h, d] and lse [n, h] fp32 forward; backward they read q, k, v,
+    o, do, lse and write dq, dk, dv (FlashAttention's convention). ``selected`` also reads its
+    block indices int32 [n, h_kv, topk]; ``compressed`` (compression, compressed attention and
+    block selection) reads the two maps and the position embedding (l·d·d, l·d·d and l·d
+    elements), writes the block indices forward and the maps' gradients backward.
+    ``nsa_attention`` reads q, k, v, the maps and the gates [n, h, 3] and writes o forward; its
+    backward reads q, k, v, do, the maps and gates and writes their gradients. Everything passed
+    between kernels (partial outputs, compressed keys, the branches' outputs) is not compulsory.
+    """
+    q = o = n * h * d * elem_bytes
+    kv = 2 * n * h_kv * d * elem_bytes
+    lse = n * h * 4
+    idx = n * h_kv * cfg.topk * 4
+    maps = (2 * cfg.kernel_size * d * d + cfg.kernel_size * d) * elem_bytes
+    gates = n * h * 3 * elem_bytes
+    if op == "nsa_attention":
+        fwd = q + kv + maps + gates + o
+        bwd = 2 * (q + kv + maps + gates) + o
+    else:
+        fwd = q + kv + o + lse + {"selected": idx, "compressed": maps + idx}.get(op, 0)
+        bwd = 2 * (q + kv) + 2 * o + lse + {"selected": idx, "compressed": 2 * maps}.get(op, 0)
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[direction]

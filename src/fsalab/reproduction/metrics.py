@@ -14,6 +14,7 @@ import math
 import pandas as pd
 
 from .. import results
+from ..bench.flops import compulsory_bytes
 from ..ops.impls import FULL_ATTENTION_IMPLS
 
 SHAPE_KEYS = ["direction", "N", "batch", "h_kv", "g", "d", "dtype"]
@@ -121,6 +122,36 @@ def branch_breakdown(df: pd.DataFrame, impls=("fsa", "nsa")) -> pd.DataFrame:
     out = pd.concat(parts, ignore_index=True)
     out["selection_share"] = out["selected_ms"] / out[["compressed_ms", "selected_ms", "window_ms"]].sum(axis=1, min_count=3)
     return out
+
+
+# Ceilings measured on the H200: dense bf16 MMA and a device-to-device copy.
+H200_CEILINGS = {"tflops": 790.0, "tbps": 4.3}
+
+
+def floors(df: pd.DataFrame, tflops: float = H200_CEILINGS["tflops"], tbps: float = H200_CEILINGS["tbps"]) -> pd.DataFrame:
+    """Each ok row's floor beside its time: its useful FLOPs at ``tflops`` (TFLOP/s) and its
+    compulsory bytes (``bench.flops.compulsory_bytes``) at ``tbps`` (TB/s); ``floor_ms`` is the
+    larger, ``of_floor`` the measured median over it (1.0 = at the ceiling)."""
+    ok = results.ok(df)
+    cols = ["op", "impl", "direction", "N", "g", "block_size", "topk", "median_ms", "useful_flops"]
+    out = ok[[c for c in cols if c in ok.columns]].copy()
+    out["compulsory_bytes"] = [
+        compulsory_bytes(r.op, r.direction, int(r.N) * int(r.batch), int(r.h), int(r.h_kv), int(r.d),
+                         _Shape(int(r.kernel_size), int(r.topk)), 4 if r.dtype == "float32" else 2)
+        for r in ok.itertuples()
+    ]
+    out["flop_floor_ms"] = pd.to_numeric(out["useful_flops"], errors="coerce") / (tflops * 1e12) * 1e3
+    out["byte_floor_ms"] = out["compulsory_bytes"] / (tbps * 1e12) * 1e3
+    out["floor_ms"] = out[["flop_floor_ms", "byte_floor_ms"]].max(axis=1)
+    out["of_floor"] = out["median_ms"] / out["floor_ms"]
+    return out.reset_index(drop=True)
+
+
+class _Shape:
+    """What ``compulsory_bytes`` reads of a config: the compression kernel size and top-T."""
+
+    def __init__(self, kernel_size: int, topk: int):
+        self.kernel_size, self.topk = kernel_size, topk
 
 
 def ablation_slowdowns(df: pd.DataFrame, base_label: str = "FSA") -> pd.DataFrame:

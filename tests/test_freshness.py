@@ -76,3 +76,20 @@ def test_a_move_without_a_change_keeps_rows_fresh(tiny_repo):
 def test_freshness_is_unknown_where_git_cannot_tell(tiny_repo):
     assert fr.freshness(("0" * 40,), ("exp",)).state == fr.UNKNOWN
     assert fr.freshness((), ("exp",)).state == fr.UNKNOWN
+
+
+def test_freshness_command_lists_each_stale_artefacts_changed_files(capsys):
+    """``fsalab freshness``: a line per artefact with its state, and under a stale one the files
+    changed since its rows (the documents show the state only)."""
+    from fsalab import cli
+
+    assert cli.main(["freshness", "--platform", "h200"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    heads = [i for i, line in enumerate(lines) if not line.startswith("    ")]
+    assert heads and heads[0] == 0
+    for i, j in zip(heads, heads[1:] + [len(lines)]):
+        state = lines[i].split(": ", 1)[1].split(" ")[0]
+        assert state in (fr.FRESH, fr.STALE, fr.UNKNOWN), lines[i]
+        listed = lines[i + 1:j]
+        assert (state == fr.STALE) == bool(listed), lines[i]
+        assert all(line.strip().startswith("src/fsalab/") for line in listed)

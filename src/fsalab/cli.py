@@ -391,6 +391,18 @@ def cmd_floors(args) -> int:
     return 0
 
 
+def cmd_freshness(args) -> int:
+    from . import results
+    from .reproduction.document import freshness_report
+
+    results.platform_folder(args.platform, args.results_dir)
+    for r in freshness_report(args.platform, args.results_dir).itertuples():
+        print(f"{r.artefact}: {r.state} (rows of {r.commits}; {r.experiments})")
+        for path in filter(None, r.changed.split(", ")):
+            print(f"    {path}")
+    return 0
+
+
 def cmd_reproduction(args) -> int:
     from . import results
     from .reproduction import update_readme, write_reproduction
@@ -552,6 +564,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the H200's, measured)")
     p.add_argument("--tbps", type=float, default=4.3, help="the GPU's copy ceiling in TB/s (default: the H200's, measured)")
     p.set_defaults(func=cmd_floors)
+
+    p = sub.add_parser("freshness", help="per artefact: fresh or stale, and the source files changed since its rows")
+    p.add_argument("--platform", default="h200", help="results/<platform>/ to read (default: h200)")
+    p.add_argument("--results-dir", default="results", help="where the results tables are")
+    p.set_defaults(func=cmd_freshness)
 
     p = sub.add_parser("reproduction", help="write REPRODUCTION.md from results")
     p.add_argument("--platform", required=True, help="results/<platform>/ to read (and its multi-GPU hosts')")

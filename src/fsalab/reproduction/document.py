@@ -22,7 +22,7 @@ from ..bench.grid import known_experiments
 from ..bench.provenance import plumbing_only
 from . import metrics as m
 from .artefacts import ORDER, Tables, artefact_names, claims
-from .freshness import STALE, freshness
+from .freshness import freshness
 from .verdicts import MARGIN, TOLERANCE, VERDICTS, Claim
 
 
@@ -165,7 +165,9 @@ def freshness_table(t: Tables, rows: list[Claim]) -> pd.DataFrame:
     """One row per numbered artefact with measured rows: the experiments and commits its
     verdicts read (or would, where the paper's implementations are missing from them), the day
     those rows were measured, and whether they are fresh (no file those experiments execute
-    changed since) or stale (how many did)."""
+    changed since) or stale; ``changed`` lists the files that did (``fsalab freshness`` prints
+    them; the documents show the state only, so that they change when an artefact's state does,
+    not with every edit of a file behind a stale one)."""
     by_artefact: dict[str, tuple[set, set]] = {}
     for r in rows:
         if not r.commits or not r.experiments:
@@ -182,22 +184,17 @@ def freshness_table(t: Tables, rows: list[Claim]) -> pd.DataFrame:
         state = freshness(commits, exps)
         out.append({"artefact": name, "experiments": ", ".join(exps), "commits": ", ".join(commits),
                     "measured": ", ".join(sorted(days)) or "—",
-                    "state": state.state + (f" ({len(state.changed)} files changed since)" if state.changed else "")})
-    return pd.DataFrame(out, columns=["artefact", "experiments", "commits", "measured", "state"])
+                    "state": state.state, "changed": ", ".join(sorted(state.changed))})
+    return pd.DataFrame(out, columns=["artefact", "experiments", "commits", "measured", "state", "changed"])
 
 
 def _freshness_lines(t: Tables, rows: list[Claim]) -> list[str]:
-    table = freshness_table(t, rows)
-    stale = sorted({f for r in table.itertuples() if r.state.startswith(STALE)
-                    for f in freshness(tuple(r.commits.split(", ")), tuple(r.experiments.split(", "))).changed})
-    lines = ["## Freshness", "",
-             "Per artefact with measured rows: the experiments and commit its verdicts read, the day those",
-             "rows were measured, and whether they still describe the code: *fresh* when no source file the",
-             "experiments execute (their runner and every fsalab module it imports) changed since that commit,",
-             "*stale* otherwise.", "", *markdown_table(table)]
-    if stale:
-        lines += ["Files changed since a stale artefact's commit: " + ", ".join(f"`{f}`" for f in stale), ""]
-    return lines
+    table = freshness_table(t, rows).drop(columns="changed")
+    return ["## Freshness", "",
+            "Per artefact with measured rows: the experiments and commit its verdicts read, the day those",
+            "rows were measured, and whether they still describe the code: *fresh* when no source file the",
+            "experiments execute (their runner and every fsalab module it imports) changed since that commit,",
+            "*stale* otherwise (`fsalab freshness` lists the files that changed).", "", *markdown_table(table)]
 
 
 def plumbing_lines(platform: str) -> list[str]:
@@ -546,8 +543,13 @@ def readme_blocks(platform: str, results_dir=None) -> dict[str, str]:
               "decode-table": _decode_block(t), "end-to-end": _end_to_end_block(t),
               "convergence": _convergence_block(t),
               "verdicts": _verdicts_block(platform, results_dir),
-              "freshness": markdown_table(freshness_table(t, claims(platform, results_dir)))}
+              "freshness": markdown_table(freshness_table(t, claims(platform, results_dir)).drop(columns="changed"))}
     return {name: "\n".join(lines).rstrip("\n") + "\n" for name, lines in blocks.items()}
+
+
+def freshness_report(platform: str, results_dir=None) -> pd.DataFrame:
+    """``freshness_table`` of ``platform``'s committed results, with the files changed since."""
+    return freshness_table(Tables(platform, results_dir), claims(platform, results_dir))
 
 
 def render_readme(text: str, blocks: dict[str, str]) -> str:

@@ -1,15 +1,19 @@
 """The convergence experiment's byte-level text task (CPU): the corpus, its batches and splits,
-point ids beside the committed retrieval results, a tiny run of the runner."""
+point ids beside the committed retrieval results, a tiny run of the runner, and the gaps and
+README sentence over rows of both tasks."""
 
 import hashlib
 import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
+from fsalab import reproduction
 from fsalab.bench import convergence, grid, points
+from fsalab.reproduction import document
 
 CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parents[1]
@@ -107,3 +111,47 @@ def test_text_runner_tiny_fp32_rows():
     small = {**p, "model_overrides": {**tiny, "vocab_size": 128}}
     bad = convergence.run_point(small, {}, CPU, "cpu-test")
     assert bad["status"] == "unsupported" and "vocab_size must be at least 256" in bad["message"]
+
+
+def _run(task, impl, losses, gate="auto", span=1, eval_loss=None, **extra):
+    row = {"impl": impl, "window_impl": "auto", "gate_impl": gate, "needle_span": span, "steps": 3, "status": "ok",
+           "final_accuracy_far": None if task == "text" else 0.9, "final_loss": losses[-1],
+           "chance_loss": math.log(256) if task == "text" else 2.0, "git_commit": "abcdef0123",
+           "curve": {"step": [0, 1, 2], "loss": losses}, **extra}
+    if task == "text":
+        row.update(task="text", final_eval_loss=eval_loss)
+    return row
+
+
+def test_convergence_gaps_group_by_task_and_the_text_floor():
+    """Rows without a task column are retrieval rows; the text task has its own FSA-NSA gap,
+    noise floor and held-out losses; the gap table shows the text columns only with text rows."""
+    retrieval = [_run("retrieval", "fsa", [2.0, 1.0, 0.5], span=32), _run("retrieval", "nsa", [2.0, 1.1, 0.5], span=32),
+                 _run("retrieval", "nsa", [2.0, 1.0, 0.6], gate="reference", span=32)]
+    old = reproduction.convergence_gaps(pd.DataFrame(retrieval))
+    assert list(old["task"]) == ["retrieval"] and math.isnan(old.loc[0, "eval_loss_fsa"])
+    assert "task" not in reproduction.convergence_gap_table(old)
+    assert list(reproduction.convergence_gap_table(old).columns) == list(old.columns[1:17])
+    text = [_run("text", "fsa", [5.5, 3.0, 2.00], eval_loss=2.1), _run("text", "nsa", [5.5, 3.0, 2.01], eval_loss=2.11),
+            _run("text", "nsa", [5.5, 3.03, 2.02], gate="reference", eval_loss=2.12),
+            _run("text", "sdpa_flash", [5.5, 2.5, 1.5], eval_loss=1.6)]
+    both = pd.DataFrame(retrieval + text)
+    gaps = reproduction.convergence_gaps(both).set_index("task")
+    assert list(gaps.index) == ["retrieval", "text"]
+    assert gaps.loc["retrieval", "fsa_nsa_max_gap"] == pytest.approx(0.1)
+    t = gaps.loc["text"]
+    assert t["fsa_nsa_median_gap"] == pytest.approx(0.0) and t["fsa_nsa_max_gap"] == pytest.approx(0.01)
+    assert t["nsa_nsa_median_gap"] == pytest.approx(0.01) and t["nsa_nsa_first_step_over"] == 1
+    assert t["fsa_full_max_gap"] == pytest.approx(0.5) and math.isnan(t["acc_far_fsa"])
+    assert (t["eval_loss_fsa"], t["eval_loss_full"]) == (pytest.approx(2.1), pytest.approx(1.6))
+    assert t["loss_over_chance_fsa"] == pytest.approx(2.0 / math.log(256))
+    assert "task" in reproduction.convergence_gap_table(gaps.reset_index())
+    sentence = " ".join(" ".join(document._convergence_block(lambda experiment: both)).split())
+    assert "stand-in tasks (synthetic needle retrieval, byte-level text)" in sentence
+    assert "needle span 32, 3 steps: median gap 0 against 0.1" in sentence
+    assert "byte-level text, 3 steps: median gap 0 against 0.01" in sentence and "as close as two NSA runs" in sentence
+    assert "Held-out loss after 3 steps of byte-level text: FSA 2.1, NSA 2.11, full attention 1.6" in sentence
+    lines = "\n".join(document._convergence_lines(lambda experiment: both))
+    assert "| task | needle_span |" in lines and "eval_loss_full" in lines
+    retrieval_only = " ".join(" ".join(document._convergence_block(lambda experiment: pd.DataFrame(retrieval))).split())
+    assert "on a synthetic stand-in task" in retrieval_only and "text" not in retrieval_only

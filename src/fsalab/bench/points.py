@@ -55,8 +55,10 @@ E2E_DEFAULTS = {
 }
 # Prefill over the shared defaults: the whole model.
 PREFILL_DEFAULTS = {"layers": None}
-# Convergence (``fsalab.bench.convergence``): a shrunk Llama trained on the retrieval task.
+# Convergence (``fsalab.bench.convergence``): a shrunk Llama trained on the retrieval task
+# (``task: retrieval``) or on byte-level text (``task: text``; the model then needs vocab_size 256).
 CONVERGENCE_DEFAULTS = {
+    "task": "retrieval",
     "model": "llama3-8b",
     "layers": 2,
     "model_overrides": {
@@ -87,6 +89,10 @@ _BRANCH_TAGS = (("compression_impl", "cmp"), ("window_impl", "win"), ("gate_impl
 # Keys of a point that do not change what is measured: the id itself, the experiment (the
 # folder already names it) and the free-form series label.
 _UNMEASURED = ("id", "experiment", "label")
+# Parameters added after results named by their ids were committed, with the value those results
+# were measured at: a point at that value hashes as if the parameter did not exist, so its id
+# (and the file holding its row) stays the same.
+_HASH_NEUTRAL = {"task": "retrieval"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,7 +168,8 @@ def nsa_config(p: Mapping) -> NSAConfig:
 
 def point_hash(p: dict) -> str:
     """8 hex digits of the SHA-256 of every measured parameter of ``p`` (canonical JSON)."""
-    params = {k: v for k, v in p.items() if k not in _UNMEASURED}
+    params = {k: v for k, v in p.items()
+              if k not in _UNMEASURED and not (k in _HASH_NEUTRAL and v == _HASH_NEUTRAL[k])}
     text = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
@@ -206,8 +213,9 @@ def e2e_point_id(p: dict) -> str:
     """An end-to-end point's id: a readable prefix and ``point_hash`` of every parameter, e.g.
     ``trainstep-llama3-8b-fsa-N65536-b1-L2-B64-T16-bf16-1a2b3c4d``. The prefix of parallel
     runs ends with the mode and rank count (``-fsdp8``), of convergence runs with their step
-    count (``-S500``, after ``-span32`` when needles are runs of 32 tokens); a compression,
-    window or gate branch other than ``auto`` adds ``-cmp<impl>`` / ``-win<impl>`` / ``-gate<impl>``."""
+    count (``-S500``, after ``-span32`` when needles are runs of 32 tokens and after ``-text`` for
+    the byte-level text task); a compression, window or gate branch other than ``auto`` adds
+    ``-cmp<impl>`` / ``-win<impl>`` / ``-gate<impl>``."""
     layers = "full" if p.get("layers") in (None, 0) else p["layers"]
     parts = [p["op"].replace("_", ""), p["model"], p["impl"], f"N{p['N']}", f"b{p['batch']}", f"L{layers}",
              f"B{p['block_size']}", f"T{p['topk']}", DTYPE_TAGS[p["dtype"]]]
@@ -221,6 +229,8 @@ def e2e_point_id(p: dict) -> str:
         # so TP = 2 and TP = 8 runs on one host write different results.
         parts.append(f"{p['parallel']}{os.environ.get('WORLD_SIZE', '1')}")
     if p["op"] == "convergence":  # a longer run of the same model is a different result
+        if p.get("task", "retrieval") != "retrieval":  # another task (bench.convergence.text_batch)
+            parts.append(p["task"])
         if p.get("needle_span", 1) != 1:  # a different task (bench.convergence.retrieval_batch)
             parts.append(f"span{p['needle_span']}")
         parts.append(f"S{p['steps']}")

@@ -124,11 +124,15 @@ def _convergence_lines(t: Tables) -> list[str]:
     gaps = m.convergence_gaps(t("convergence"))
     if gaps.empty:
         return []
+    text = []
+    if gaps["task"].ne("retrieval").any():
+        text = ["task text: byte-level language modelling of the Python standard library's sources (no",
+                "far split; eval_loss_*: final loss on the held-out batch; chance = ln 256)."]
     return ["## Convergence (the stand-in for Figure 11)", "",
             "Per task (needle span, steps): final far-needle accuracy, and |loss_FSA - loss_NSA| over the",
             "logged steps beside the same gap between two NSA runs that differ only in rounding (another",
-            "gate or window branch; '—' where not run). first_step_over: first logged step with a gap above 0.02.", "",
-            *markdown_table(gaps)]
+            "gate or window branch; '—' where not run). first_step_over: first logged step with a gap above 0.02.",
+            *text, "", *markdown_table(m.convergence_gap_table(gaps))]
 
 
 def _multi_gpu_lines(t: Tables) -> list[str]:
@@ -495,34 +499,49 @@ def _end_to_end_block(t: Tables) -> list[str]:
     return [textwrap.fill(text, 100)]
 
 
+def _task_name(task: str, span) -> str:
+    return f"needle span {span}" if task == "retrieval" else "byte-level text"
+
+
 def _convergence_block(t: Tables) -> list[str]:
-    """Figure 11's stand-in in words: per needle task with a noise floor, the FSA-NSA median loss
-    gap against the NSA-NSA one; the tasks without a floor, and whether FSA and NSA learned them
-    at all (their final loss over the chance loss, ``convergence_gaps``)."""
+    """Figure 11's stand-in in words: per task with a noise floor (a needle span, or byte-level
+    text), the FSA-NSA median loss gap against the NSA-NSA one; the tasks without a floor, and
+    whether FSA and NSA learned them at all (their final loss over the chance loss,
+    ``convergence_gaps``); for text, the final held-out losses of FSA, NSA and full attention."""
     conv = t("convergence")
     gaps = m.convergence_gaps(conv)
     if gaps.empty:
         return ["(no convergence results)"]
     floored = gaps.dropna(subset=["fsa_nsa_median_gap", "nsa_nsa_median_gap"])
-    text = "Figure 11's claim on a synthetic stand-in task (`paper_figures/e2e/convergence_gaps.md`): "
+    stand_in = ("a synthetic stand-in task" if gaps["task"].eq("retrieval").all()
+                else "stand-in tasks (synthetic needle retrieval, byte-level text)")
+    text = f"Figure 11's claim on {stand_in} (`paper_figures/e2e/convergence_gaps.md`): "
     if len(floored):
-        close = (floored["fsa_nsa_median_gap"] <= floored["nsa_nsa_median_gap"]).all()
+        close = floored["fsa_nsa_median_gap"] <= floored["nsa_nsa_median_gap"]
         text += ("FSA's and NSA's loss curves are as close as two NSA runs (differing only in rounding) are to each "
-                 "other" if close else "FSA's and NSA's loss curves are further apart than two NSA runs (differing "
-                 "only in rounding) are") + " where that noise floor was measured ("
-        text += "; ".join(f"needle span {r.needle_span}, {r.steps} steps: median gap {r.fsa_nsa_median_gap:.2g} "
-                          f"against {r.nsa_nsa_median_gap:.2g}" for r in floored.itertuples()) + ")."
-    for span, task in gaps[~gaps.index.isin(floored.index)].groupby("needle_span"):
+                 "other" if close.all() else "FSA's and NSA's loss curves are further apart than two NSA runs "
+                 "(differing only in rounding) are" if not close.any() else "FSA's and NSA's loss curves are as "
+                 "close as two NSA runs (differing only in rounding) are to each other on some tasks, further apart "
+                 "on others,") + " where that noise floor was measured ("
+        text += "; ".join(f"{_task_name(r.task, r.needle_span)}, {r.steps} steps: median gap "
+                          f"{r.fsa_nsa_median_gap:.2g} against {r.nsa_nsa_median_gap:.2g}" for r in floored.itertuples()) + ")."
+    for (name, span), task in gaps[~gaps.index.isin(floored.index)].groupby(["task", "needle_span"]):
         learned = task[["loss_over_chance_fsa", "loss_over_chance_nsa"]].min().min()
         steps = "/".join(str(s) for s in sorted(task["steps"]))
         lo, hi = task["fsa_nsa_median_gap"].min(), task["fsa_nsa_median_gap"].max()
         median_gap = f"{lo:.2g}" if f"{lo:.2g}" == f"{hi:.2g}" else f"{lo:.2g}–{hi:.2g}"
+        where = f"At {_task_name(name, span)}" if name == "retrieval" else "On byte-level text"
         if learned >= 0.95:
-            text += (f" At needle span {span} neither learns the task in {steps} steps (final loss ≥ {learned:.0%} of "
+            text += (f" {where} neither learns the task in {steps} steps (final loss ≥ {learned:.0%} of "
                      f"the chance loss; median gap {median_gap}, no second NSA run), so that task does not tell "
                      "them apart.")
         else:
-            text += f" At needle span {span} ({steps} steps) the median gap is {median_gap}, with no second NSA run."
+            text += f" {where} ({steps} steps) the median gap is {median_gap}, with no second NSA run."
+    for r in gaps[gaps["task"].eq("text")].dropna(subset=["eval_loss_fsa"]).itertuples():
+        losses = [f"{who} {loss:.3g}" for who, loss in (("FSA", r.eval_loss_fsa), ("NSA", r.eval_loss_nsa),
+                                                          ("full attention", r.eval_loss_full)) if loss == loss]
+        text += (f" Held-out loss after {r.steps} steps of byte-level text: {', '.join(losses)} nats per byte "
+                 f"(chance {math.log(256):.3g}).")
     return [textwrap.fill(f"{text} ({_rows_of(m.commits_of(conv))})", 100)]
 
 

@@ -295,30 +295,42 @@ def loss_gaps(a: dict, b: dict) -> pd.Series:
     return (la - lb).abs().dropna().sort_index()
 
 
+def convergence_task(df: pd.DataFrame) -> pd.Series:
+    """Each convergence row's task: its ``task`` (``retrieval`` or ``text``), ``retrieval`` for
+    rows written before the text task existed (they lack the column)."""
+    return df["task"].fillna("retrieval") if "task" in df else pd.Series("retrieval", index=df.index, dtype=object)
+
+
 def convergence_gaps(df: pd.DataFrame, threshold: float = 0.02) -> pd.DataFrame:
-    """Per convergence task (``needle_span``, ``steps``): final far-needle accuracy of FSA, NSA
-    and full attention, FSA's and NSA's final loss over the task's chance loss (near 1: the run
-    did not learn the task), the FSA-NSA loss gap (median, max, first step above ``threshold``),
-    where a second NSA run differing only in rounding exists (another compression, window or gate
-    branch) the same gap between the two NSA runs: the noise floor the FSA-NSA gap is judged
-    against, and the same gap between FSA and full attention. ``df``: convergence rows with
-    their ``curve``."""
-    cols = ["needle_span", "steps", "acc_far_fsa", "acc_far_nsa", "acc_far_full", "loss_over_chance_fsa",
+    """Per convergence task (``task``, ``needle_span``, ``steps``): final far-needle accuracy of
+    FSA, NSA and full attention (NaN for the text task, which has no far split), FSA's and NSA's
+    final loss over the task's chance loss (near 1: the run did not learn the task), the FSA-NSA
+    training-loss gap (median, max, first step above ``threshold``), where a second NSA run
+    differing only in rounding exists (another compression, window or gate branch) the same gap
+    between the two NSA runs: the noise floor the FSA-NSA gap is judged against, the same gap
+    between FSA and full attention, and for the text task each run's final held-out loss
+    (``eval_loss_*``). ``df``: convergence rows with their ``curve``."""
+    cols = ["task", "needle_span", "steps", "acc_far_fsa", "acc_far_nsa", "acc_far_full", "loss_over_chance_fsa",
             "loss_over_chance_nsa", "fsa_nsa_median_gap",
             "fsa_nsa_max_gap", "fsa_nsa_first_step_over", "nsa_nsa_median_gap", "nsa_nsa_max_gap",
-            "nsa_nsa_first_step_over", "fsa_full_median_gap", "fsa_full_max_gap", "fsa_full_first_step_over"]
+            "nsa_nsa_first_step_over", "fsa_full_median_gap", "fsa_full_max_gap", "fsa_full_first_step_over",
+            "eval_loss_fsa", "eval_loss_nsa", "eval_loss_full"]
     ok = results.ok(df)
     if ok.empty or "curve" not in ok:
         return pd.DataFrame(columns=cols)
-    ok = ok.assign(needle_span=ok["needle_span"].fillna(1).astype(int) if "needle_span" in ok else 1,
+    ok = ok.assign(task=convergence_task(ok),
+                   needle_span=ok["needle_span"].fillna(1).astype(int) if "needle_span" in ok else 1,
                    label=[run_label(r) for _, r in ok.iterrows()])
     rows = []
-    for (span, steps), task in ok.groupby(["needle_span", "steps"]):
+    for (name, span, steps), task in ok.groupby(["task", "needle_span", "steps"]):
         runs = {r["label"]: r for _, r in task.iterrows()}
-        row = {"needle_span": span, "steps": steps}
+        row = {"task": name, "needle_span": span, "steps": steps}
         full = [lab for lab in runs if lab.startswith("sdpa") or lab == "flash_attn"]
         for key, lab in (("fsa", "fsa"), ("nsa", "nsa"), ("full", full[0] if full else None)):
-            row[f"acc_far_{key}"] = runs[lab]["final_accuracy_far"] if lab in runs else math.nan
+            run = runs.get(lab)
+            row[f"acc_far_{key}"] = run["final_accuracy_far"] if run is not None else math.nan
+            held = run.get("final_eval_loss") if run is not None else None
+            row[f"eval_loss_{key}"] = float(held) if held is not None else math.nan
         for key in ("fsa", "nsa"):
             run = runs.get(key)
             row[f"loss_over_chance_{key}"] = (run.get("final_loss", math.nan) / run.get("chance_loss", math.nan)
@@ -333,6 +345,15 @@ def convergence_gaps(df: pd.DataFrame, threshold: float = 0.02) -> pd.DataFrame:
             row[f"{key}_first_step_over"] = int(over[0]) if len(over) else math.nan
         rows.append(row)
     return pd.DataFrame(rows, columns=cols)
+
+
+def convergence_gap_table(gaps: pd.DataFrame) -> pd.DataFrame:
+    """``convergence_gaps`` as the notebook and REPRODUCTION.md show it: the text task's columns
+    (``task``, ``eval_loss_*``) only where a text run is in the table, so a table of retrieval
+    runs alone reads as it did before the text task existed."""
+    if gaps["task"].eq("retrieval").all():
+        return gaps.drop(columns=["task", "eval_loss_fsa", "eval_loss_nsa", "eval_loss_full"])
+    return gaps
 
 
 def commits_of(*frames: pd.DataFrame) -> tuple[str, ...]:

@@ -1,8 +1,9 @@
 """Input validation shared by the module and every op.
 
 Shape, dtype and device checks never touch tensor values. Value checks (cu_seqlens ascending,
-block indices in range) raise ``ValueError`` on CPU tensors; on CUDA they are queued as
-device-side asserts (``torch._assert_async``) so the launch path keeps no host sync. Set
+block indices in range) raise ``ValueError`` on CPU tensors; on CUDA, and on any device under
+``torch.compile``, they are queued as device-side asserts (``torch._assert_async``) so the launch
+path keeps no host sync and a compiled graph no break. Set
 ``FSALAB_VALUE_CHECKS=0`` to skip value checks entirely.
 
 A cu_seqlens tensor that passed its value checks is not checked again while it is unchanged
@@ -51,8 +52,10 @@ def value_checks_off():
 
 
 def _expect(cond: torch.Tensor, message: str) -> None:
-    """Raise on CPU; enqueue a device-side assert elsewhere (no host sync)."""
-    if cond.device.type == "cpu":
+    """Raise on CPU; enqueue a device-side assert elsewhere (no host sync), and on every device
+    under ``torch.compile`` (a graph holds no Python branch on a tensor's value; on CPU the
+    assert raises RuntimeError when the graph runs)."""
+    if cond.device.type == "cpu" and not torch.compiler.is_compiling():
         if not bool(cond):
             raise ValueError(message)
     else:
@@ -102,7 +105,7 @@ _CHECKED_OFFSETS_MAX = 16
 
 def _offsets_key(cu_seqlens: torch.Tensor):
     """The memo's key of cu_seqlens, or None where it must be checked every time."""
-    if cu_seqlens.is_inference() or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or cu_seqlens.is_inference():  # is_inference() is not traceable
         return None
     if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
         return None  # a captured graph must hold the asserts its replays run

@@ -18,6 +18,7 @@ from torch._dynamo.utils import counters
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
 from fsalab.testing import cu_seqlens_of, step_outputs
+from patched_layer import tiny_patched_layer
 
 pytestmark = pytest.mark.gpu
 
@@ -62,20 +63,8 @@ def test_module_compiles_with_cuda_graphs(selection, monkeypatch, tmp_path):
 def test_patched_decoder_layer_compiles_with_cuda_graphs(model, monkeypatch, tmp_path):
     """One decoder layer of the patched architecture (tiny widths, the model's g and head dim)."""
     pytest.importorskip("transformers")
-    from fsalab.models.configs import build_model, get_spec, materialize
-    from fsalab.models.patch import decoder_layers, patch_model
-
     monkeypatch.setenv("FSALAB_DISPATCH_CACHE", str(tmp_path / "dispatch.json"))
-    spec = get_spec(model)
-    h_kv = 2
-    heads = h_kv * (spec.num_heads // spec.num_kv_heads)
-    hidden = heads * 64
-    overrides = {"hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": h_kv,
-                 "head_dim": 64, "intermediate_size": 2 * hidden, "vocab_size": 128}
-    net = materialize(build_model(model, num_layers=1, device="meta", **overrides), "cuda")
-    patch_model(net, "auto", CFG)
-    net.to(device="cuda", dtype=torch.bfloat16)
-    layer = decoder_layers(net)[0]
+    net, layer, hidden = tiny_patched_layer(model, "auto", CFG)
     x = torch.randn(1, 2048, hidden, device="cuda", dtype=torch.bfloat16)
     positions = torch.arange(2048, device="cuda")[None]
     _check(layer, list(layer.parameters()), x, position_embeddings=net.model.rotary_emb(x, positions))

@@ -1,9 +1,8 @@
 """Input validation shared by the module and every op.
 
 Shape, dtype and device checks never touch tensor values. Value checks (cu_seqlens ascending,
-block indices in range) raise ``ValueError`` on CPU tensors; on CUDA, and on any device under
-``torch.compile``, they are queued as device-side asserts (``torch._assert_async``) so the launch
-path keeps no host sync and a compiled graph no break. Set
+block indices in range) raise ``ValueError`` on CPU tensors; on CUDA they are queued as
+device-side asserts (``torch._assert_async``) so the launch path keeps no host sync. Set
 ``FSALAB_VALUE_CHECKS=0`` to skip value checks entirely.
 
 A cu_seqlens tensor that passed its value checks is not checked again while it is unchanged

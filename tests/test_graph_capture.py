@@ -17,6 +17,7 @@ from fsalab.bench.timing import capture_graph
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
 from fsalab.testing import cu_seqlens_of
+from patched_layer import tiny_patched_layer
 
 
 def _replay_matches_eager(params, x, forward):
@@ -70,21 +71,9 @@ def test_patched_decoder_layer_captures(model, monkeypatch, tmp_path):
     """One decoder layer of the patched architecture (tiny widths, the model's g and head dim),
     as the end-to-end runners build it: attention with NSA (fsa), RoPE from HF, the MLP."""
     pytest.importorskip("transformers")
-    from fsalab.models.configs import build_model, get_spec, materialize
-    from fsalab.models.patch import decoder_layers, patch_model
-
     monkeypatch.setenv("FSALAB_DISPATCH_CACHE", str(tmp_path / "dispatch.json"))
-    spec = get_spec(model)
-    h_kv = 2
-    heads = h_kv * (spec.num_heads // spec.num_kv_heads)
-    hidden = heads * 64
-    overrides = {"hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": h_kv,
-                 "head_dim": 64, "intermediate_size": 2 * hidden, "vocab_size": 128}
-    net = materialize(build_model(model, num_layers=1, device="meta", **overrides), "cuda")
-    patch_model(net, "fsa", NSAConfig(topk=8, window_size=256))
-    net.to(device="cuda", dtype=torch.bfloat16)
+    net, layer, hidden = tiny_patched_layer(model, "fsa", NSAConfig(topk=8, window_size=256))
     base = net.model
-    layer = decoder_layers(net)[0]
     seq = 2048
     x = torch.randn(1, seq, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     positions = torch.arange(seq, device="cuda")[None]

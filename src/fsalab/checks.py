@@ -51,8 +51,10 @@ def value_checks_off():
 
 
 def _expect(cond: torch.Tensor, message: str) -> None:
-    """Raise on CPU; enqueue a device-side assert elsewhere (no host sync)."""
-    if cond.device.type == "cpu":
+    """Raise on CPU; enqueue a device-side assert elsewhere (no host sync), and on every device
+    under ``torch.compile`` (a graph holds no Python branch on a tensor's value; on CPU the
+    assert raises RuntimeError when the graph runs)."""
+    if cond.device.type == "cpu" and not torch.compiler.is_compiling():
         if not bool(cond):
             raise ValueError(message)
     else:
@@ -102,7 +104,7 @@ _CHECKED_OFFSETS_MAX = 16
 
 def _offsets_key(cu_seqlens: torch.Tensor):
     """The memo's key of cu_seqlens, or None where it must be checked every time."""
-    if cu_seqlens.is_inference() or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or cu_seqlens.is_inference():  # is_inference() is not traceable
         return None
     if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
         return None  # a captured graph must hold the asserts its replays run

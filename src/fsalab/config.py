@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -64,6 +65,17 @@ class NSAConfig:
                 f"init_blocks + local_blocks = {self.init_blocks + self.local_blocks}"
             )
 
+    def as_ints(self) -> list[int]:
+        """The fields in declaration order: how a config crosses a torch.library op's schema
+        (``from_ints`` rebuilds it)."""
+        return [self.kernel_size, self.kernel_stride, self.block_size, self.topk, self.init_blocks, self.local_blocks,
+                self.window_size]
+
+    @staticmethod
+    def from_ints(ints: list[int]) -> NSAConfig:
+        """The config of ``as_ints()``, built and validated once per distinct list (launch paths call it)."""
+        return _config_of(tuple(ints))
+
     def num_compressed(self, n: int) -> int:
         """Compressed tokens of a sequence of n tokens: floor((n - l) / s) + 1, 0 when n < l."""
         return 0 if n < self.kernel_size else (n - self.kernel_size) // self.kernel_stride + 1
@@ -81,3 +93,8 @@ class NSAConfig:
     def num_blocks(self, n: int) -> int:
         """Selection blocks of a sequence of n tokens (the last one may be partial)."""
         return -(-n // self.block_size)
+
+
+@functools.cache
+def _config_of(ints: tuple[int, ...]) -> NSAConfig:
+    return NSAConfig(*ints)

@@ -87,10 +87,12 @@ class LaunchCounter(TorchDispatchMode):
     several kernels for it (torch.sort: a radix sort of a few passes).
     """
 
-    def __init__(self, on_triton_launch=None):
+    def __init__(self, on_triton_launch=None, aten: bool = True):
         super().__init__()
         self.counts: collections.Counter = collections.Counter()
         self._on_triton_launch = on_triton_launch  # called with (kernel, args, kwargs) per counted launch
+        # aten=False: Triton launches only, without the dispatch mode (torch.compile refuses to run under one).
+        self._aten = aten
         self._inside_kernel = 0
         self._patched: list = []
 
@@ -105,13 +107,13 @@ class LaunchCounter(TorchDispatchMode):
         for cls in (JITFunction, InterpretedFunction):
             self._patched.append((cls, cls.run))
             cls.run = self._counted(cls.run)
-        return super().__enter__()
+        return super().__enter__() if self._aten else self
 
     def __exit__(self, *exc):
         for cls, run in self._patched:
             cls.run = run
         self._patched.clear()
-        return super().__exit__(*exc)
+        return super().__exit__(*exc) if self._aten else None
 
     def _counted(self, run):
         def counted_run(fn, *args, **kwargs):
@@ -207,6 +209,18 @@ def attention_and_grads(fn, q, k, v, block_idx, cu_seqlens, block_size, do, dlse
     if dlse is not None:
         loss = loss + (lse * dlse.to(lse.dtype)).sum()
     return (o, lse, *torch.autograd.grad(loss, leaves))
+
+
+def step_outputs(fn, params, x: torch.Tensor, *args, **kwargs) -> list[torch.Tensor]:
+    """Copies of the output and of the gradients of x and of every parameter of one step:
+    fn(x, ...) (its first element when a tuple), then .float().sum().backward()."""
+    for p in params:
+        p.grad = None
+    x = x.detach().clone().requires_grad_()
+    out = fn(x, *args, **kwargs)
+    out = out[0] if isinstance(out, tuple) else out
+    out.float().sum().backward()
+    return [t.detach().clone() for t in (out, x.grad, *(p.grad for p in params))]
 
 
 def check_attention(op, ref, tensors, dtype, seed, grads=True, atol_factor=2.0):

@@ -55,6 +55,8 @@ from ._triton import (
     search_steps,
     unit_last_stride,
 )
+from .library import grads_like, lse_like, op_or
+
 MASKS = ("window", "compressed")
 # Window of masks without one: wider than any sequence, yet window + positions stays in int32.
 NO_WINDOW = 1 << 30
@@ -567,23 +569,60 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
 class FlashAttention(torch.autograd.Function):
     """(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding) -> (o, lse).
 
-    See the module doc; key_padding: k/v rows past cu_k[-1] exist (compressed buffers).
+    See the module doc; key_padding: k/v rows past cu_k[-1] exist (compressed buffers). Its
+    ``setup`` and ``backward`` are also the autograd of the op ``fsalab::flash_attention`` below,
+    which torch.compile sees in its place.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding):
-        o, lse = _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale)
-        ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-        ctx.params = (key_stride, key_offset, window, scale, key_padding)
-        return o, lse
+    def forward(ctx, *inputs):
+        output = _forward(*inputs[:-1])
+        FlashAttention.setup(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def setup(ctx, inputs, output):
+        q, k, v, cu_q, cu_k, *params = inputs
+        ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
+        ctx.params = params
 
     @staticmethod
     def backward(ctx, do, dlse):
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
         do = do.contiguous() if do.stride(-1) != 1 else do
         dlse = dlse.contiguous() if dlse is not None else None
-        dq, dk, dv = _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, *ctx.params)
+        dq, dk, dv = op_or("flash_attention_backward", _backward)(do, dlse, q, k, v, o, lse, cu_q, cu_k, *ctx.params)
         return dq, dk, dv, None, None, None, None, None, None, None
+
+
+# torch.compile's view of the kernels (ops/library.py): opaque ops with fake kernels.
+@torch.library.custom_op("fsalab::flash_attention", mutates_args=())
+def _flash_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                        key_stride: int, key_offset: int, window: int, scale: float,
+                        key_padding: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale)
+
+
+@_flash_attention_op.register_fake
+def _(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding):
+    return q.new_empty(q.shape), lse_like(q)
+
+
+@torch.library.custom_op("fsalab::flash_attention_backward", mutates_args=())
+def _flash_attention_backward_op(
+    do: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+    lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, key_stride: int, key_offset: int, window: int,
+    scale: float, key_padding: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding)
+
+
+@_flash_attention_backward_op.register_fake
+def _(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding):
+    return grads_like(q, k, v)
+
+
+_flash_attention_op.register_autograd(FlashAttention.backward, setup_context=FlashAttention.setup)
 
 
 def flash_attention(
@@ -638,6 +677,6 @@ def flash_attention(
     check_scale(scale)  # the backward works with lse / scale and -inf masks
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[2])
     q, k, v = (unit_last_stride(x) for x in (q, k, v))
-    return FlashAttention.apply(
+    return op_or("flash_attention", FlashAttention.apply)(
         q, k, v, cu_seqlens_q, cu_seqlens_k, key_stride, key_offset, window, float(scale), mask == "compressed",
     )

@@ -40,6 +40,7 @@ from .._triton import next_pow2 as _next_pow2
 from .._triton import search_steps as _search_steps
 from .._triton import tile_config as _tile_config
 from .._triton import unit_last_stride as _unit_last_stride
+from ..library import op_or
 
 
 @triton.jit
@@ -81,6 +82,10 @@ def _cu_cmp_kernel(cu_ptr, out_ptr, batch, L: tl.constexpr, S: tl.constexpr, BLO
 
 def compressed_offsets(cu_seqlens: torch.Tensor, kernel_size: int, kernel_stride: int) -> torch.Tensor:
     """``varlen.compressed_cu_seqlens`` in one launch instead of a dozen torch ops: int32 [batch + 1]."""
+    return op_or("compressed_offsets", _compressed_offsets)(cu_seqlens, kernel_size, kernel_stride)
+
+
+def _compressed_offsets(cu_seqlens: torch.Tensor, kernel_size: int, kernel_stride: int) -> torch.Tensor:
     out = torch.empty_like(cu_seqlens)
     _cu_cmp_kernel[(1,)](cu_seqlens, out, cu_seqlens.numel() - 1, L=kernel_size, S=kernel_stride, BLOCK=_CU_BLOCK)
     return out
@@ -273,72 +278,148 @@ def _compress_dpe_kernel(
     tl.store(dpe_ptr + h * s_ph + xx, dpe.to(dpe_ptr.dtype.element_ty), mask=x_ok)
 
 
-def _tiles(d: int, cfg: NSAConfig, dtype: torch.dtype, rows: int) -> dict:
-    return {"HEAD_DIM": d, "L": cfg.kernel_size, "S": cfg.kernel_stride, "DOT_PREC": _dot_precision(dtype),
+def _tiles(d: int, kernel_size: int, kernel_stride: int, dtype: torch.dtype, rows: int) -> dict:
+    return {"HEAD_DIM": d, "L": kernel_size, "S": kernel_stride, "DOT_PREC": _dot_precision(dtype),
             "size_bucket": rows.bit_length()}
 
 
+def _forward(k, v, w_k, w_v, pe, cu_seqlens, cu_cmp, kernel_size: int, kernel_stride: int):
+    """(k_cmp, v_cmp, tab): the compressed tokens [total // s, h_kv, d] and the window table
+    int32 [3, rows] the backward reads; inputs with the layouts ``compress_kv`` makes."""
+    total, h_kv, d = k.shape
+    rows = compressed_capacity(total, kernel_stride)
+    k_cmp = k.new_empty((rows, h_kv, d))
+    v_cmp = v.new_empty((rows, h_kv, d))
+    tab = torch.empty((3, rows), dtype=torch.int32, device=k.device)
+    if rows:
+        batch = cu_seqlens.numel() - 1
+        grid = lambda meta: (_cdiv(rows, meta["BLOCK_R"]), h_kv, 2 * _cdiv(d, meta["BLOCK_N"]))
+        _compress_fwd_kernel[grid](
+            k, v, w_k, w_v, pe, k_cmp, v_cmp, cu_seqlens, cu_cmp, tab, *_strides(k, v), w_k.stride(0), w_k.stride(1),
+            pe.stride(0), k_cmp.stride(0), k_cmp.stride(1), rows, batch, _search_steps(batch),
+            **_tiles(d, kernel_size, kernel_stride, k.dtype, rows),
+            **_meta(BLOCK_R=64, BLOCK_N=_next_pow2(max(d, 16)), BLOCK_K=512),
+        )
+    return k_cmp, v_cmp, tab
+
+
+def _backward(dk_cmp, dv_cmp, k, v, w_k, w_v, pe, tab, kernel_size: int, kernel_stride: int, need_x: bool,
+              need_w: bool, need_pe: bool):
+    """(dk, dv, dw_k, dw_v, dpe) for the gradients of (k_cmp, v_cmp); None where not needed
+    (dk, dv: need_x; dw_k, dw_v: need_w; dpe: need_pe)."""
+    _, h_kv, d = k.shape
+    rows = dk_cmp.shape[0]
+    dk_cmp, dv_cmp = dk_cmp.contiguous(), dv_cmp.contiguous()
+    # Tokens no window covers keep a zero gradient; the kernel writes every covered one once.
+    dk = torch.zeros_like(k, memory_format=torch.contiguous_format) if need_x else None
+    dv = torch.zeros_like(v, memory_format=torch.contiguous_format) if need_x else None
+    new_dw = torch.empty_like if rows else torch.zeros_like  # the dw kernel writes every element
+    dw_k = new_dw(w_k) if need_w else None
+    dw_v = new_dw(w_v) if need_w else None
+    tiles = _tiles(d, kernel_size, kernel_stride, k.dtype, rows)
+    if need_x and rows:
+        grid = lambda meta: (_cdiv(rows, meta["BLOCK_R"]), 2 * h_kv, _cdiv(kernel_stride * d, meta["BLOCK_Y"]))
+        _compress_dx_kernel[grid](
+            dk_cmp, dv_cmp, w_k, w_v, dk, dv, tab, dk_cmp.stride(0), dk_cmp.stride(1), w_k.stride(0), w_k.stride(1),
+            dk.stride(0), dk.stride(1), rows, **tiles, **_meta(BLOCK_R=64, BLOCK_Y=1024, BLOCK_K=_next_pow2(max(d, 16))),
+        )
+    if need_w and rows:
+        lx = kernel_size * d
+        grid = lambda meta: (_cdiv(lx, meta["BLOCK_X"]), _cdiv(d, meta["BLOCK_N"]), 2 * h_kv)
+        _compress_dw_kernel[grid](
+            k, v, pe, dk_cmp, dv_cmp, dw_k, dw_v, tab, *_strides(k, v), pe.stride(0), dk_cmp.stride(0),
+            dk_cmp.stride(1), dw_k.stride(0), dw_k.stride(1), rows, **tiles,
+            **_meta(BLOCK_X=1024, BLOCK_R=64, BLOCK_N=_next_pow2(max(d, 16))),
+        )
+    dpe = None
+    if need_pe and not rows:
+        dpe = torch.zeros_like(pe)
+    elif need_pe:
+        dpe = torch.empty_like(pe, memory_format=torch.contiguous_format)
+        lx, block_x, d_pad = kernel_size * d, 64, _next_pow2(max(d, 16))
+        _compress_dpe_kernel[(h_kv, _cdiv(lx, block_x))](
+            dk_cmp, w_k, dpe, tab, rows, dk_cmp.stride(0), dk_cmp.stride(1), w_k.stride(0), w_k.stride(1),
+            dpe.stride(0), HEAD_DIM=d, LX=lx, D_PAD=d_pad, BLOCK_R=min(64, 8192 // d_pad), BLOCK_X=block_x,
+        )
+    return dk, dv, dw_k, dw_v, dpe
+
+
 class _CompressKV(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, k, v, w_k, w_v, pe, cu_seqlens, cu_cmp, cfg):
-        total, h_kv, d = k.shape
-        rows = compressed_capacity(total, cfg.kernel_stride)
-        k_cmp = k.new_empty((rows, h_kv, d))
-        v_cmp = v.new_empty((rows, h_kv, d))
-        tab = torch.empty((3, rows), dtype=torch.int32, device=k.device)
-        if rows:
-            batch = cu_seqlens.numel() - 1
-            grid = lambda meta: (_cdiv(rows, meta["BLOCK_R"]), h_kv, 2 * _cdiv(d, meta["BLOCK_N"]))
-            _compress_fwd_kernel[grid](
-                k, v, w_k, w_v, pe, k_cmp, v_cmp, cu_seqlens, cu_cmp, tab, *_strides(k, v), w_k.stride(0), w_k.stride(1),
-                pe.stride(0), k_cmp.stride(0), k_cmp.stride(1), rows, batch, _search_steps(batch),
-                **_tiles(d, cfg, k.dtype, rows), **_meta(BLOCK_R=64, BLOCK_N=_next_pow2(max(d, 16)), BLOCK_K=512),
-            )
-        ctx.save_for_backward(k, v, w_k, w_v, pe, tab)
-        ctx.cfg = cfg
-        return k_cmp, v_cmp
+    """(k, v, w_k, w_v, pe, cu_seqlens, cu_cmp, kernel_size, kernel_stride) -> (k_cmp, v_cmp).
+    Its ``setup`` and ``backward`` are also the autograd of the op ``fsalab::compress_kv`` below,
+    which torch.compile sees in its place and which returns the window table as well."""
 
     @staticmethod
-    def backward(ctx, dk_cmp, dv_cmp):
+    def forward(ctx, *inputs):
+        output = _forward(*inputs)
+        _CompressKV.setup(ctx, inputs, output)
+        return output[:2]
+
+    @staticmethod
+    def setup(ctx, inputs, output):
+        k, v, w_k, w_v, pe, _, _, kernel_size, kernel_stride = inputs
+        ctx.save_for_backward(k, v, w_k, w_v, pe, output[2])
+        ctx.sizes = (kernel_size, kernel_stride)
+        ctx.set_materialize_grads(False)  # the window table would get a zero gradient (a fill)
+
+    @staticmethod
+    def backward(ctx, dk_cmp, dv_cmp, *_):  # _: the op's window table's gradient (None)
         k, v, w_k, w_v, pe, tab = ctx.saved_tensors
-        cfg = ctx.cfg
-        _, h_kv, d = k.shape
-        rows = dk_cmp.shape[0]
-        need_x = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        need_w = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
-        dk_cmp, dv_cmp = dk_cmp.contiguous(), dv_cmp.contiguous()
-        # Tokens no window covers keep a zero gradient; the kernel writes every covered one once.
-        dk = torch.zeros_like(k, memory_format=torch.contiguous_format) if need_x else None
-        dv = torch.zeros_like(v, memory_format=torch.contiguous_format) if need_x else None
-        new_dw = torch.empty_like if rows else torch.zeros_like  # the dw kernel writes every element
-        dw_k = new_dw(w_k) if need_w else None
-        dw_v = new_dw(w_v) if need_w else None
-        tiles = _tiles(d, cfg, k.dtype, rows)
-        if need_x and rows:
-            grid = lambda meta: (_cdiv(rows, meta["BLOCK_R"]), 2 * h_kv, _cdiv(cfg.kernel_stride * d, meta["BLOCK_Y"]))
-            _compress_dx_kernel[grid](
-                dk_cmp, dv_cmp, w_k, w_v, dk, dv, tab, dk_cmp.stride(0), dk_cmp.stride(1), w_k.stride(0), w_k.stride(1),
-                dk.stride(0), dk.stride(1), rows, **tiles, **_meta(BLOCK_R=64, BLOCK_Y=1024, BLOCK_K=_next_pow2(max(d, 16))),
-            )
-        if need_w and rows:
-            lx = cfg.kernel_size * d
-            grid = lambda meta: (_cdiv(lx, meta["BLOCK_X"]), _cdiv(d, meta["BLOCK_N"]), 2 * h_kv)
-            _compress_dw_kernel[grid](
-                k, v, pe, dk_cmp, dv_cmp, dw_k, dw_v, tab, *_strides(k, v), pe.stride(0), dk_cmp.stride(0),
-                dk_cmp.stride(1), dw_k.stride(0), dw_k.stride(1), rows, **tiles,
-                **_meta(BLOCK_X=1024, BLOCK_R=64, BLOCK_N=_next_pow2(max(d, 16))),
-            )
-        dpe = None
-        if ctx.needs_input_grad[4] and not rows:
-            dpe = torch.zeros_like(pe)
-        elif ctx.needs_input_grad[4]:
-            dpe = torch.empty_like(pe, memory_format=torch.contiguous_format)
-            lx, block_x, d_pad = cfg.kernel_size * d, 64, _next_pow2(max(d, 16))
-            _compress_dpe_kernel[(h_kv, _cdiv(lx, block_x))](
-                dk_cmp, w_k, dpe, tab, rows, dk_cmp.stride(0), dk_cmp.stride(1), w_k.stride(0), w_k.stride(1),
-                dpe.stride(0), HEAD_DIM=d, LX=lx, D_PAD=d_pad, BLOCK_R=min(64, 8192 // d_pad), BLOCK_X=block_x,
-            )
-        return dk, dv, dw_k, dw_v, dpe, None, None, None
+        need = ctx.needs_input_grad
+        need_x, need_w = need[0] or need[1], need[2] or need[3]
+        # An unused output's gradient is zeros, as autograd would materialise it.
+        dk_cmp, dv_cmp = (k.new_zeros((tab.shape[1], *k.shape[1:])) if g is None else g for g in (dk_cmp, dv_cmp))
+        grads = op_or("compress_kv_backward", _backward)(dk_cmp, dv_cmp, k, v, w_k, w_v, pe, tab, *ctx.sizes, need_x,
+                                                         need_w, need[4])
+        # The op gives empty tensors for the gradients not needed, _backward None.
+        return (*(g if kept else None for g, kept in zip(grads, (need_x, need_x, need_w, need_w, need[4]))),
+                None, None, None, None)
+
+
+# torch.compile's view of the kernels (ops/library.py): opaque ops with fake kernels.
+@torch.library.custom_op("fsalab::compressed_offsets", mutates_args=())
+def _compressed_offsets_op(cu_seqlens: torch.Tensor, kernel_size: int, kernel_stride: int) -> torch.Tensor:
+    return _compressed_offsets(cu_seqlens, kernel_size, kernel_stride)
+
+
+@_compressed_offsets_op.register_fake
+def _(cu_seqlens, kernel_size, kernel_stride):
+    return torch.empty_like(cu_seqlens)
+
+
+@torch.library.custom_op("fsalab::compress_kv", mutates_args=())
+def _compress_kv_op(k: torch.Tensor, v: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, pe: torch.Tensor,
+                    cu_seqlens: torch.Tensor, cu_cmp: torch.Tensor, kernel_size: int,
+                    kernel_stride: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward(k, v, w_k, w_v, pe, cu_seqlens, cu_cmp, kernel_size, kernel_stride)
+
+
+@_compress_kv_op.register_fake
+def _(k, v, w_k, w_v, pe, cu_seqlens, cu_cmp, kernel_size, kernel_stride):
+    rows = compressed_capacity(k.shape[0], kernel_stride)
+    return (k.new_empty((rows, *k.shape[1:])), v.new_empty((rows, *v.shape[1:])),
+            k.new_empty((3, rows), dtype=torch.int32))
+
+
+@torch.library.custom_op("fsalab::compress_kv_backward", mutates_args=())
+def _compress_kv_backward_op(
+    dk_cmp: torch.Tensor, dv_cmp: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_k: torch.Tensor,
+    w_v: torch.Tensor, pe: torch.Tensor, tab: torch.Tensor, kernel_size: int, kernel_stride: int, need_x: bool,
+    need_w: bool, need_pe: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dk, dv, dw_k, dw_v, dpe), an empty tensor for each one not needed (a schema has no None
+    among outputs)."""
+    grads = _backward(dk_cmp, dv_cmp, k, v, w_k, w_v, pe, tab, kernel_size, kernel_stride, need_x, need_w, need_pe)
+    return tuple(g if g is not None else x.new_empty(0) for g, x in zip(grads, (k, v, w_k, w_v, pe)))
+
+
+@_compress_kv_backward_op.register_fake
+def _(dk_cmp, dv_cmp, k, v, w_k, w_v, pe, tab, kernel_size, kernel_stride, need_x, need_w, need_pe):
+    needed = (need_x, need_x, need_w, need_w, need_pe)
+    return tuple(x.new_empty(x.shape if need else (0,)) for x, need in zip((k, v, w_k, w_v, pe), needed))
+
+
+_compress_kv_op.register_autograd(_CompressKV.backward, setup_context=_CompressKV.setup)
 
 
 def _strides(k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int]:
@@ -382,5 +463,6 @@ def compress_kv(
     cu_cmp = compressed_offsets(cu_seqlens, l, cfg.kernel_stride)
     k, v = _unit_last_stride(k), _unit_last_stride(v)
     w_k, w_v, pe = w_k.contiguous(), w_v.contiguous(), pe.contiguous()
-    k_cmp, v_cmp = _CompressKV.apply(k, v, w_k, w_v, pe, cu_seqlens, cu_cmp, cfg)
+    k_cmp, v_cmp = op_or("compress_kv", _CompressKV.apply)(k, v, w_k, w_v, pe, cu_seqlens, cu_cmp, l,
+                                                           cfg.kernel_stride)[:2]
     return k_cmp, v_cmp, cu_cmp

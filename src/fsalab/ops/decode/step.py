@@ -62,7 +62,9 @@ import triton
 import triton.language as tl
 
 from ...checks import KERNEL_DTYPES, MAX_GROUP, check_kernel_call, check_tensor
+from ...config import NSAConfig
 from .._triton import INTERPRET, LN2_C, LOG2E, LOG2E_C, cdiv, dot_precision, next_pow2, unit_last_stride
+from ..library import op_or
 from ..topk.select_common import KEY_NONE, block_key, empty_run, forced_score, key_bits, merge_topk, store_ascending
 from .cache import NSADecodeCache
 
@@ -494,27 +496,36 @@ def append_token(
     dtype's rounding). Semantics: ``reference.append_token``. Call ``cache.check_step``
     first (the module's decode does).
     """
-    cfg, d, h_kv = cache.cfg, cache.head_dim, cache.num_kv_heads
-    check_kernel_call(cache.device, cfg.block_size, "the decode kernels")
+    check_kernel_call(cache.device, cache.cfg.block_size, "the decode kernels")
     cache.check_token(q, k, v, w_k, w_v, pe, inv_freq)
     q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
     w_k, w_v, pe = w_k.contiguous(), w_v.contiguous(), pe.contiguous()
-    batch, h, _ = q.shape
+    return op_or("decode_append", _append)(
+        q, k, v, w_k, w_v, pe, inv_freq, float(attention_scaling), cache.k, cache.v, cache.k_recent, cache.lengths,
+        cache.k_cmp, cache.v_cmp, cache.cfg.as_ints(),
+    )
+
+
+def _append(q, k, v, w_k, w_v, pe, inv_freq, attention_scaling: float, kc, vc, kr, lengths, k_cmp, v_cmp,
+            cfg_ints: list[int]) -> torch.Tensor:
+    """``append_token`` on checked inputs and the cache's tensors (kc, vc: k, v; kr: k_recent),
+    which it writes; returns q rotated. cfg as ``NSAConfig.as_ints``."""
+    cfg = NSAConfig.from_ints(cfg_ints)
+    batch, h, d = q.shape
+    h_kv, capacity = kc.shape[2], kc.shape[1] - 1
     q_rot = torch.empty((batch, h, d), dtype=q.dtype, device=q.device)
-    kc, vc, kr = cache.k, cache.v, cache.k_recent
     half = d // 2
     _append_kernel[(batch,)](
-        q, k, v, q_rot, kc, vc, kr, cache.lengths, inv_freq, float(attention_scaling),
+        q, k, v, q_rot, kc, vc, kr, lengths, inv_freq, attention_scaling,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), q_rot.stride(0), q_rot.stride(1),
-        kc.stride(0), kc.stride(1), kc.stride(2), kr.stride(0), kr.stride(1), kr.stride(2), cache.capacity,
+        kc.stride(0), kc.stride(1), kc.stride(2), kr.stride(0), kr.stride(1), kr.stride(2), capacity,
         H=h, H_KV=h_kv, H_PAD=next_pow2(h), HKV_PAD=next_pow2(h_kv), HALF=half, HALF_PAD=next_pow2(half),
         L=cfg.kernel_size,
     )
     block_n = min(64, next_pow2(max(half, 16)))
     block_k = 64 if INTERPRET else 128
-    k_cmp = cache.k_cmp
     _compress_step_kernel[(batch, 2 * h_kv, cdiv(half, block_n))](
-        kr, vc, cache.lengths, w_k, w_v, pe, inv_freq, float(attention_scaling), k_cmp, cache.v_cmp,
+        kr, vc, lengths, w_k, w_v, pe, inv_freq, attention_scaling, k_cmp, v_cmp,
         kr.stride(0), kr.stride(1), kr.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
         w_k.stride(0), w_k.stride(1), pe.stride(0), k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2),
         HEAD_DIM=d, HALF=half, L=cfg.kernel_size, S=cfg.kernel_stride, BLOCK_K=block_k, BLOCK_N=block_n,
@@ -547,11 +558,25 @@ def nsa_decode(
     if tuple(gate_logits.shape) != (batch, h, 3):
         raise ValueError(f"gate_logits must be [batch, h, 3] = {[batch, h, 3]}, got {tuple(gate_logits.shape)}")
     q, gate_logits = q.contiguous(), gate_logits.contiguous()
-    s_c, s_s, s_w = splits or decode_splits(batch, h_kv, cache.capacity, cfg, cache.device)
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    return op_or("nsa_decode", _decode)(
+        q, gate_logits, cache.k, cache.v, cache.k_cmp, cache.v_cmp, cache.lengths, cache.cmp_logits, cfg.as_ints(),
+        float(scale), list(splits or ()),
+    )
+
+
+def _decode(q, gate_logits, k, v, kc, vc, lens, logits, cfg_ints: list[int], scale: float, splits: list[int]):
+    """``nsa_decode`` on checked, contiguous q and gate_logits and the cache's tensors (k, v raw;
+    kc, vc compressed; lens: lengths; logits: cmp_logits, written); cfg as ``NSAConfig.as_ints``,
+    splits [] for ``decode_splits``."""
+    cfg = NSAConfig.from_ints(cfg_ints)
+    batch, h, d = q.shape
+    h_kv, capacity = k.shape[2], k.shape[1] - 1
+    g = h // h_kv
+    s_c, s_s, s_w = splits or decode_splits(batch, h_kv, capacity, cfg, q.device)
     topk = cfg.topk
     t_pad, bb = _score_tile(cfg)
-    dev, f32 = cache.device, torch.float32
+    dev, f32 = q.device, torch.float32
     o_c = torch.empty((batch, h, s_c, d), dtype=f32, device=dev)
     lse_c = torch.empty((batch, h, s_c), dtype=f32, device=dev)
     keys = torch.empty((batch, h_kv, s_s, t_pad), dtype=torch.int32, device=dev)
@@ -566,7 +591,6 @@ def nsa_decode(
     block_n = 16 if INTERPRET else 64
     warps = {} if INTERPRET else {"num_warps": 4}
     qk = scale * LOG2E
-    kc, vc, lens, logits = cache.k_cmp, cache.v_cmp, cache.lengths, cache.cmp_logits
     _cmp_partial_kernel[(batch, h_kv, s_c)](
         q, kc, vc, lens, o_c, lse_c, logits, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
         logits.stride(0), logits.stride(1), h, s_c, qk, L=cfg.kernel_size, S=cfg.kernel_stride, BLOCK_N=block_n,
@@ -582,7 +606,6 @@ def nsa_decode(
     )
     _topk_kernel[(batch * h_kv,)](keys, lens, block_idx, h_kv, s_s, BS=cfg.block_size, T_P=t_pad, TOPK=topk,
                                   NK=next_pow2(s_s) * t_pad)
-    k, v = cache.k, cache.v
     _sw_partial_kernel[(batch, h_kv, n_sw)](
         q, k, v, lens, block_idx, o_sw, lse_sw, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
         h, h_kv, s_w, qk, BS=cfg.block_size, TOPK=topk, WINDOW=cfg.window_size, BLOCK_N=block_n, **shape, **warps,
@@ -592,3 +615,39 @@ def nsa_decode(
         SC_PAD=next_pow2(s_c), T_PAD=next_pow2(topk), SW_PAD=next_pow2(n_sw),
     )
     return out, block_idx
+
+
+# torch.compile's view of the step (ops/library.py): opaque ops with fake kernels, which write
+# the cache's tensors in place (declared in mutates_args).
+@torch.library.custom_op("fsalab::decode_append",
+                         mutates_args=("cache_k", "cache_v", "k_recent", "lengths", "k_cmp", "v_cmp"))
+def _decode_append_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, pe: torch.Tensor,
+    inv_freq: torch.Tensor, attention_scaling: float, cache_k: torch.Tensor, cache_v: torch.Tensor,
+    k_recent: torch.Tensor, lengths: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, cfg_ints: list[int],
+) -> torch.Tensor:
+    """q rotated [batch, h, d]."""
+    return _append(q, k, v, w_k, w_v, pe, inv_freq, attention_scaling, cache_k, cache_v, k_recent, lengths, k_cmp,
+                   v_cmp, cfg_ints)
+
+
+@_decode_append_op.register_fake
+def _(q, k, v, w_k, w_v, pe, inv_freq, attention_scaling, cache_k, cache_v, k_recent, lengths, k_cmp, v_cmp,
+      cfg_ints):
+    return q.new_empty(q.shape)
+
+
+@torch.library.custom_op("fsalab::nsa_decode", mutates_args=("cmp_logits",))
+def _nsa_decode_op(
+    q: torch.Tensor, gate_logits: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cmp: torch.Tensor,
+    v_cmp: torch.Tensor, lengths: torch.Tensor, cmp_logits: torch.Tensor, cfg_ints: list[int], scale: float,
+    splits: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o [batch, h, d], block_idx int32 [batch, h_kv, topk])."""
+    return _decode(q, gate_logits, k, v, k_cmp, v_cmp, lengths, cmp_logits, cfg_ints, scale, splits)
+
+
+@_nsa_decode_op.register_fake
+def _(q, gate_logits, k, v, k_cmp, v_cmp, lengths, cmp_logits, cfg_ints, scale, splits):
+    topk = NSAConfig.from_ints(cfg_ints).topk
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], k.shape[2], topk), dtype=torch.int32)

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ...checks import check_tensor
 from .._triton import cdiv, next_pow2
+from ..library import grads_like, op_or
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # Rows of [total * h, d] per program: ~4K elements per tensor, whatever d is.
@@ -85,24 +86,68 @@ def _launch(kernel, n_rows: int, d: int, *args) -> None:
     kernel[(cdiv(n_rows, block_r),)](*args, n_rows, D=d, D_PAD=d_pad, BLOCK_R=block_r, num_warps=4)
 
 
+def _forward(o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
+    """The gated sum [total, h, d] of contiguous inputs, one launch."""
+    total, h, d = o_cmp.shape
+    out = _empty(o_cmp.shape, o_cmp.dtype, o_cmp.device)
+    if out.numel():
+        _launch(_gated_sum_fwd, total * h, d, o_cmp, o_slc, o_win, gate_logits, out)
+    return out
+
+
+def _backward(do, o_cmp, o_slc, o_win, gate_logits) -> tuple[torch.Tensor, ...]:
+    """Gradients of (o_cmp, o_slc, o_win, gate_logits) for the output gradient do, one launch."""
+    total, h, d = o_cmp.shape
+    grads = tuple(_empty(t.shape, t.dtype, t.device) for t in (o_cmp, o_slc, o_win, gate_logits))
+    if do.numel():
+        _launch(_gated_sum_bwd, total * h, d, do.contiguous(), o_cmp, o_slc, o_win, gate_logits, *grads)
+    return grads
+
+
 class _GatedSum(torch.autograd.Function):
+    """(o_cmp, o_slc, o_win, gate_logits) -> o. Its ``setup`` and ``backward`` are also the
+    autograd of the op ``fsalab::gated_sum`` below, which torch.compile sees in its place."""
+
     @staticmethod
-    def forward(ctx, o_cmp, o_slc, o_win, gate_logits):
-        total, h, d = o_cmp.shape
-        out = _empty(o_cmp.shape, o_cmp.dtype, o_cmp.device)
-        if out.numel():
-            _launch(_gated_sum_fwd, total * h, d, o_cmp, o_slc, o_win, gate_logits, out)
-        ctx.save_for_backward(o_cmp, o_slc, o_win, gate_logits)
-        return out
+    def forward(ctx, *inputs):
+        output = _forward(*inputs)
+        _GatedSum.setup(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, do):
-        o_cmp, o_slc, o_win, gate_logits = ctx.saved_tensors
-        total, h, d = o_cmp.shape
-        grads = [_empty(t.shape, t.dtype, t.device) for t in (o_cmp, o_slc, o_win, gate_logits)]
-        if do.numel():
-            _launch(_gated_sum_bwd, total * h, d, do.contiguous(), o_cmp, o_slc, o_win, gate_logits, *grads)
-        return tuple(grads)
+        return op_or("gated_sum_backward", _backward)(do, *ctx.saved_tensors)
+
+
+# torch.compile's view of the kernels (ops/library.py): opaque ops with fake kernels.
+@torch.library.custom_op("fsalab::gated_sum", mutates_args=())
+def _gated_sum_op(o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor,
+                  gate_logits: torch.Tensor) -> torch.Tensor:
+    return _forward(o_cmp, o_slc, o_win, gate_logits)
+
+
+@_gated_sum_op.register_fake
+def _(o_cmp, o_slc, o_win, gate_logits):
+    return o_cmp.new_empty(o_cmp.shape)
+
+
+@torch.library.custom_op("fsalab::gated_sum_backward", mutates_args=())
+def _gated_sum_backward_op(
+    do: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor, gate_logits: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(do, o_cmp, o_slc, o_win, gate_logits)
+
+
+@_gated_sum_backward_op.register_fake
+def _(do, o_cmp, o_slc, o_win, gate_logits):
+    return grads_like(o_cmp, o_slc, o_win, gate_logits)
+
+
+_gated_sum_op.register_autograd(_GatedSum.backward, setup_context=_GatedSum.setup)
 
 
 def gated_sum(o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
@@ -120,4 +165,4 @@ def gated_sum(o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor, gat
     check_tensor("gate_logits", gate_logits, 3, _FLOATS, o_cmp.device)
     if gate_logits.shape != (*o_cmp.shape[:2], 3):
         raise ValueError(f"gate_logits must be {(*o_cmp.shape[:2], 3)}, got {tuple(gate_logits.shape)}")
-    return _GatedSum.apply(*(t.contiguous() for t in (*outs, gate_logits)))
+    return op_or("gated_sum", _GatedSum.apply)(*(t.contiguous() for t in (*outs, gate_logits)))

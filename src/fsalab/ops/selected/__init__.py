@@ -18,6 +18,7 @@ lse [total, h] fp32, natural log), differentiable in q, k, v.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 
 import torch
@@ -50,8 +51,12 @@ def resolve(impl: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {sorted(IMPLS)}, got {impl!r}")
     module, name = IMPLS[impl]
+    if torch.compiler.is_compiling():
+        # Dynamo runs import statements while it traces, but not importlib: fsalab's own impls
+        # are loaded here, and found below in sys.modules, whose lookup it traces.
+        from . import dispatch, fsa, nsa, reference  # noqa: F401
     try:
-        return getattr(importlib.import_module(module), name)
+        return getattr(sys.modules.get(module) or importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"selected-attention impl {impl!r} is not available: {exc}") from exc
 

@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from ...checks import check_kernel_call
-from .index import build_selection_index
+from ..library import grads_like, lse_like, op_or
+from .index import SelectionIndex, build_selection_index, empty_index
 
 CANDIDATES = ("fsa", "nsa")
 _MODULES = {"fsa": "fsalab.ops.selected.fsa", "nsa": "fsalab.ops.selected.nsa"}
@@ -88,7 +89,9 @@ def needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def shape_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, block_size: int) -> str:
+def shape_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, block_size: int,
+              grad: bool | None = None) -> str:
+    """The cache key of a call; ``grad``: whether it needs gradients (default: ``needs_grad(q, k, v)``)."""
     total, h, d = q.shape
     h_kv, topk = k.shape[1], block_idx.shape[2]
     if q.device.type == "cuda":
@@ -96,7 +99,7 @@ def shape_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torc
     else:
         device = q.device.type
     bucket = 1 << max(0, (max(total, 1) - 1).bit_length())
-    grad = needs_grad(q, k, v)
+    grad = needs_grad(q, k, v) if grad is None else grad
     return (f"{_KEY_VERSION}|{device}|{str(q.dtype).removeprefix('torch.')}|g{h // h_kv}|hkv{h_kv}|d{d}"
             f"|B{block_size}|T{topk}|N{bucket}|grad{int(grad)}")
 
@@ -128,26 +131,86 @@ def _run_forward(fwd: str, with_index: bool, q, k, v, block_idx, cu_seqlens, blo
     return o, lse, index
 
 
+def _forward_chosen(q, k, v, block_idx, cu_seqlens, block_size, scale, with_grad):
+    """(o, lse, ``SelectionIndex.tensors()``, [] without gradients) of the forward ``choose``
+    picks; with gradients the index is built for the backward (the arguments of the op
+    ``fsalab::selected_attention_auto``)."""
+    fwd, _ = choose(q, k, v, block_idx, cu_seqlens, block_size, scale, grad=with_grad)
+    o, lse, index = _run_forward(fwd, with_grad, q, k, v, block_idx, cu_seqlens, block_size, scale)
+    return o, lse, index.tensors() if with_grad else []
+
+
+def _backward_chosen(do, dlse, q, k, v, o, lse, block_idx, cu_seqlens, index, block_size, scale):
+    """(dq, dk, dv) of the backward ``choose`` picked with the forward (looked up again by shape
+    key), on the forward's ``SelectionIndex.tensors()`` (the arguments of the op
+    ``fsalab::selected_attention_auto_backward``)."""
+    _, bwd = choose(q, k, v, block_idx, cu_seqlens, block_size, scale, grad=True)
+    return _module(bwd).backward_pass(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, block_size, scale,
+                                      SelectionIndex.from_tensors(index))
+
+
 class _Composed(torch.autograd.Function):
-    """Forward of one impl, backward of another (or the same): both use the same (o, lse)."""
+    """Forward of one impl, backward of another (or the same): both use the same (o, lse).
+    (q, k, v, block_idx, cu_seqlens, block_size, scale, with_grad) -> (o, lse). Its ``setup`` and
+    ``backward`` are also the autograd of the op ``fsalab::selected_attention_auto`` below, which
+    torch.compile sees in its place and which returns the index's tensors as well."""
 
     @staticmethod
-    def forward(ctx, q, k, v, block_idx, cu_seqlens, block_size, scale, fwd, bwd):
-        needs_grad = any(ctx.needs_input_grad[:3])
-        o, lse, index = _run_forward(fwd, needs_grad, q, k, v, block_idx, cu_seqlens, block_size, scale)
-        ctx.save_for_backward(q, k, v, o, lse, block_idx, cu_seqlens)
-        ctx.index, ctx.args = index, (block_size, scale, bwd)
+    def forward(ctx, *inputs):
+        output = _forward_chosen(*inputs)
+        _Composed.setup(ctx, inputs, output)
+        return output[:2]
+
+    @staticmethod
+    def setup(ctx, inputs, output):
+        q, k, v, block_idx, cu_seqlens, block_size, scale, _ = inputs
+        o, lse, index = output
+        ctx.save_for_backward(q, k, v, o, lse, block_idx, cu_seqlens, *index)
+        ctx.args = (block_size, scale)
         ctx.set_materialize_grads(False)
-        return o, lse
 
     @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse, block_idx, cu_seqlens = ctx.saved_tensors
-        block_size, scale, bwd = ctx.args
+    def backward(ctx, do, dlse, *_):  # _: the op's index outputs' gradients (None)
+        q, k, v, o, lse, block_idx, cu_seqlens, *index = ctx.saved_tensors
         do = torch.zeros_like(o) if do is None else do.contiguous()
         dlse = None if dlse is None else dlse.contiguous().float()
-        dq, dk, dv = _module(bwd).backward_pass(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, block_size, scale, ctx.index)
-        return dq, dk, dv, None, None, None, None, None, None
+        dq, dk, dv = op_or("selected_attention_auto_backward", _backward_chosen)(do, dlse, q, k, v, o, lse, block_idx,
+                                                                                 cu_seqlens, index, *ctx.args)
+        return dq, dk, dv, None, None, None, None, None
+
+
+# torch.compile's view of the dispatcher (ops/library.py): opaque ops with fake kernels; the
+# profiling and its cache run inside them, when the graph runs.
+@torch.library.custom_op("fsalab::selected_attention_auto", mutates_args=())
+def _selected_attention_auto_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, cu_seqlens: torch.Tensor,
+    block_size: int, scale: float, with_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """(o, lse, the index's tensors, [] without gradients)."""
+    return _forward_chosen(q, k, v, block_idx, cu_seqlens, block_size, scale, with_grad)
+
+
+@_selected_attention_auto_op.register_fake
+def _(q, k, v, block_idx, cu_seqlens, block_size, scale, with_grad):
+    index = empty_index(block_idx, cu_seqlens, block_size).tensors() if with_grad else []
+    return q.new_empty(q.shape), lse_like(q), index
+
+
+@torch.library.custom_op("fsalab::selected_attention_auto_backward", mutates_args=())
+def _selected_attention_auto_backward_op(
+    do: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+    lse: torch.Tensor, block_idx: torch.Tensor, cu_seqlens: torch.Tensor, index: list[torch.Tensor], block_size: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_chosen(do, dlse, q, k, v, o, lse, block_idx, cu_seqlens, index, block_size, scale)
+
+
+@_selected_attention_auto_backward_op.register_fake
+def _(do, dlse, q, k, v, o, lse, block_idx, cu_seqlens, index, block_size, scale):
+    return grads_like(q, k, v)
+
+
+_selected_attention_auto_op.register_autograd(_Composed.backward, setup_context=_Composed.setup)
 
 
 def _bench(fn) -> float:
@@ -183,13 +246,14 @@ def _profile(grad: bool, q, k, v, block_idx, cu_seqlens, block_size, scale) -> t
     return (fwd, min(bwd_ms, key=bwd_ms.get)) if bwd_ms else None
 
 
-def choose(q, k, v, block_idx, cu_seqlens, block_size, scale=None) -> tuple[str, str]:
+def choose(q, k, v, block_idx, cu_seqlens, block_size, scale=None, grad: bool | None = None) -> tuple[str, str]:
     """(forward impl, backward impl) for these inputs, profiling on first sight of the shape key.
-    Inputs contiguous; ``scale`` a float or None (1/sqrt(d))."""
+    Inputs contiguous; ``scale`` a float or None (1/sqrt(d)); ``grad`` as in ``shape_key`` (the
+    ops pass it: their inputs never require gradients)."""
     g = q.shape[1] // k.shape[1]
     if q.device.type != "cuda" or os.environ.get("FSALAB_DISPATCH", "profile") == "rules":
         return rule(g)
-    key = shape_key(q, k, v, block_idx, block_size)
+    key = shape_key(q, k, v, block_idx, block_size, grad)
     if key not in _memory:
         _memory.update(_load())
     if key not in _memory:
@@ -207,9 +271,8 @@ def selected_attention_auto(q, k, v, block_idx, cu_seqlens, block_size, scale=No
     check_kernel_call(q.device, block_size, "the selected-attention kernels")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     q, k, v, block_idx, cu_seqlens = (t.contiguous() for t in (q, k, v, block_idx, cu_seqlens))
-    fwd, bwd = choose(q, k, v, block_idx, cu_seqlens, block_size, scale)
-    if not needs_grad(q, k, v):
-        # Inference: no autograd node to build, and at short lengths the call is host-bound.
-        o, lse, _ = _run_forward(fwd, False, q, k, v, block_idx, cu_seqlens, block_size, scale)
-        return o, lse
-    return _Composed.apply(q, k, v, block_idx, cu_seqlens, block_size, scale, fwd, bwd)
+    grad = needs_grad(q, k, v)
+    # Inference: no autograd node to build, and at short lengths the call is host-bound.
+    o, lse = op_or("selected_attention_auto", _Composed.apply if grad else _forward_chosen)(
+        q, k, v, block_idx, cu_seqlens, block_size, scale, grad)[:2]
+    return o, lse

@@ -43,6 +43,7 @@ import torch
 
 from ...checks import check_kernel_call
 from .._triton import LOG2E, cdiv, next_pow2
+from ..library import grads_like, lse_like, op_or
 from . import fsa_plan as plan
 from .fsa_bwd import _delta_kernel, _dkdv_kernel, _dkdv_merge_kernel
 from .fsa_partials import (
@@ -57,7 +58,7 @@ from .fsa_partials import (
     _nonfinite_blocks_kernel,
     _partial_kernel,
 )
-from .index import SelectionIndex, build_selection_index
+from .index import SelectionIndex, build_selection_index, empty_index
 
 
 @dataclass
@@ -114,15 +115,6 @@ class _Problem:
     def partial_bytes(self, itemsize: int, with_lse: bool) -> int:
         """Bytes of one query head's partial buffer (``fsa_plan.partial_bytes``)."""
         return plan.partial_bytes(self.total, self.topk, self.d, itemsize, with_lse)
-
-
-def _prepare(q, k, v, block_idx, cu_seqlens, block_size, scale) -> _Problem:
-    # Shapes, dtypes and values are validated by selected.selected_attention (as for the NSA
-    # kernel); only what the kernels themselves assume is checked here.
-    check_kernel_call(q.device, block_size, "the FSA kernels")
-    scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[2])
-    index = build_selection_index(block_idx, cu_seqlens, block_size)
-    return _Problem(q.contiguous(), k.contiguous(), v.contiguous(), index, block_size, scale)
 
 
 def _strides(pb: _Problem) -> tuple[int, ...]:
@@ -376,30 +368,95 @@ def backward_pass(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, block_size, 
     return _backward_fast(_Problem(q, k, v, index, block_size, scale), o, lse, do, dlse)
 
 
+def _forward_indexed(q, k, v, block_idx, cu_seqlens, block_size, scale, paper, inner_loop, early_return):
+    """(o, lse, ``SelectionIndex.tensors()``): the index lists, then the forward of the paper's
+    kernels (with their switches) or the fast ones; contiguous inputs, float ``scale`` (the
+    arguments of the op ``fsalab::selected_attention_fsa``)."""
+    pb = _Problem(q, k, v, build_selection_index(block_idx, cu_seqlens, block_size), block_size, scale)
+    o, lse = _forward_paper(pb, inner_loop, early_return) if paper else _forward_fast(pb)
+    return o, lse, pb.index.tensors()
+
+
+def _backward_on(do, dlse, q, k, v, o, lse, index, block_size, scale, paper, inner_loop, early_return):
+    """(dq, dk, dv) of the backward of the forward's kind, on its ``SelectionIndex.tensors()``
+    (the arguments of the op ``fsalab::selected_attention_fsa_backward``)."""
+    pb = _Problem(q, k, v, SelectionIndex.from_tensors(index), block_size, scale)
+    if paper:
+        return _backward_paper(pb, o, lse, do, dlse, inner_loop, early_return)
+    return _backward_fast(pb, o, lse, do, dlse)
+
+
 class _FSAFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, block_idx, cu_seqlens, block_size, scale, paper, inner_loop, early_return):
-        pb = _prepare(q, k, v, block_idx, cu_seqlens, block_size, scale)
-        o, lse = _forward_paper(pb, inner_loop, early_return) if paper else _forward_fast(pb)
-        ctx.save_for_backward(pb.q, pb.k, pb.v, o, lse)
-        # Derived index tensors are neither inputs nor outputs: kept as attributes.
-        ctx.index = pb.index
-        ctx.args = (block_size, pb.scale, paper, inner_loop, early_return)
-        ctx.set_materialize_grads(False)
-        return o, lse
+    """(q, k, v, block_idx, cu_seqlens, block_size, scale, paper, inner_loop, early_return) ->
+    (o, lse). Its ``setup`` and ``backward`` are also the autograd of the op
+    ``fsalab::selected_attention_fsa`` below, which torch.compile sees in its place and which
+    returns the index's tensors as well."""
 
     @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        block_size, scale, paper, inner_loop, early_return = ctx.args
-        pb = _Problem(q, k, v, ctx.index, block_size, scale)
+    def forward(ctx, *inputs):
+        output = _forward_indexed(*inputs)
+        _FSAFunction.setup(ctx, inputs, output)
+        return output[:2]
+
+    @staticmethod
+    def setup(ctx, inputs, output):
+        q, k, v, _, _, *args = inputs
+        o, lse, index = output
+        # The index tensors are neither inputs nor outputs of the autograd graph: saved beside them.
+        ctx.save_for_backward(q, k, v, o, lse, *index)
+        ctx.args = args
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, do, dlse, *_):  # _: the op's index outputs' gradients (None)
+        q, k, v, o, lse, *index = ctx.saved_tensors
         do = torch.zeros_like(o) if do is None else do.contiguous()
         dlse = None if dlse is None else dlse.contiguous().float()
-        if paper:
-            dq, dk, dv = _backward_paper(pb, o, lse, do, dlse, inner_loop, early_return)
-        else:
-            dq, dk, dv = _backward_fast(pb, o, lse, do, dlse)
+        dq, dk, dv = op_or("selected_attention_fsa_backward", _backward_on)(do, dlse, q, k, v, o, lse, index, *ctx.args)
         return dq, dk, dv, None, None, None, None, None, None, None
+
+
+# torch.compile's view of the kernels (ops/library.py): opaque ops with fake kernels.
+@torch.library.custom_op("fsalab::selected_attention_fsa", mutates_args=())
+def _selected_attention_fsa_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, cu_seqlens: torch.Tensor,
+    block_size: int, scale: float, paper: bool, inner_loop: bool, early_return: bool,
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """(o, lse, the index's tensors)."""
+    return _forward_indexed(q, k, v, block_idx, cu_seqlens, block_size, scale, paper, inner_loop, early_return)
+
+
+@_selected_attention_fsa_op.register_fake
+def _(q, k, v, block_idx, cu_seqlens, block_size, scale, paper, inner_loop, early_return):
+    return q.new_empty(q.shape), lse_like(q), empty_index(block_idx, cu_seqlens, block_size).tensors()
+
+
+@torch.library.custom_op("fsalab::selected_attention_fsa_backward", mutates_args=())
+def _selected_attention_fsa_backward_op(
+    do: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+    lse: torch.Tensor, index: list[torch.Tensor], block_size: int, scale: float, paper: bool, inner_loop: bool,
+    early_return: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_on(do, dlse, q, k, v, o, lse, index, block_size, scale, paper, inner_loop, early_return)
+
+
+@_selected_attention_fsa_backward_op.register_fake
+def _(do, dlse, q, k, v, o, lse, index, block_size, scale, paper, inner_loop, early_return):
+    return grads_like(q, k, v)
+
+
+_selected_attention_fsa_op.register_autograd(_FSAFunction.backward, setup_context=_FSAFunction.setup)
+
+
+def _apply(q, k, v, block_idx, cu_seqlens, block_size, scale, paper: bool, inner_loop: bool, early_return: bool):
+    # Shapes, dtypes and values are validated by selected.selected_attention (as for the NSA
+    # kernel); only what the kernels themselves assume is checked here.
+    check_kernel_call(q.device, block_size, "the FSA kernels")
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[2])
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o, lse = op_or("selected_attention_fsa", _FSAFunction.apply)(q, k, v, block_idx, cu_seqlens, block_size, scale,
+                                                                 paper, inner_loop, early_return)[:2]
+    return o, lse
 
 
 def selected_attention_fsa_paper(
@@ -418,7 +475,7 @@ def selected_attention_fsa_paper(
     inner_loop=False: one program per query batch; early_return=False: programs run the
     longest row's range, masked (the paper's Fig. 9 ablation). Returns (o, lse).
     """
-    return _FSAFunction.apply(q, k, v, block_idx, cu_seqlens, block_size, scale, True, bool(inner_loop), bool(early_return))
+    return _apply(q, k, v, block_idx, cu_seqlens, block_size, scale, True, bool(inner_loop), bool(early_return))
 
 
 def selected_attention_fsa(
@@ -431,4 +488,4 @@ def selected_attention_fsa(
     scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FSA loop order with log-sum-exp merged partials, grouped heads and a fused backward."""
-    return _FSAFunction.apply(q, k, v, block_idx, cu_seqlens, block_size, scale, False, True, True)
+    return _apply(q, k, v, block_idx, cu_seqlens, block_size, scale, False, True, True)

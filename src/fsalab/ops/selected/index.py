@@ -59,6 +59,16 @@ class SelectionIndex:
     block_local: torch.Tensor
     block_capacity: int
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The eight tensors in field order: how an index crosses a torch.library op's schema."""
+        return [self.block_offsets, self.row_ptr, self.token_ids, self.entry_slot, self.slot_pos, self.block_start,
+                self.block_len, self.block_local]
+
+    @classmethod
+    def from_tensors(cls, tensors: list[torch.Tensor]) -> SelectionIndex:
+        """The index whose ``tensors()`` these are (block_capacity is block_start's length)."""
+        return cls(*tensors, tensors[5].shape[0])
+
 
 def block_capacity(total_tokens: int, batch: int, block_size: int) -> int:
     """Blocks of any batch of ``batch`` sequences and ``total_tokens`` tokens, at most.
@@ -67,6 +77,17 @@ def block_capacity(total_tokens: int, batch: int, block_size: int) -> int:
     this size need no host sync to be allocated.
     """
     return total_tokens // block_size + batch
+
+
+def empty_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, block_size: int) -> SelectionIndex:
+    """An index of unwritten tensors with the shapes ``build_selection_index`` gives these inputs
+    (it fills one; the ops' fake kernels return one)."""
+    total, h_kv, topk = block_idx.shape
+    capacity = block_capacity(total, cu_seqlens.shape[0] - 1, block_size)
+    n = total * h_kv * topk
+    empty = functools.partial(torch.empty, dtype=torch.int32, device=block_idx.device)
+    return SelectionIndex(empty(cu_seqlens.shape[0]), empty(h_kv * capacity + 1), empty(n), empty(n),
+                          empty(n).view(total, h_kv, topk), empty(capacity), empty(capacity), empty(capacity), capacity)
 
 
 @torch.no_grad()
@@ -78,41 +99,35 @@ def build_selection_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, blo
     kernel, torch.sort, the unpacking kernel.
     """
     total, h_kv, topk = block_idx.shape
-    device = block_idx.device
-    batch = cu_seqlens.numel() - 1
-    capacity = block_capacity(total, batch, block_size)
-    num_rows = h_kv * capacity
     n = total * h_kv * topk
     if n >= 2**31:
         raise ValueError(f"the selection index addresses entries with int32: total * h_kv * topk = {n} >= 2**31")
+    out = empty_index(block_idx, cu_seqlens, block_size)
+    batch, capacity = cu_seqlens.numel() - 1, out.block_capacity
+    num_rows = h_kv * capacity
     block_idx = block_idx.contiguous()
     cu = cu_seqlens.contiguous()
     pad_key = h_kv * total  # sorts after every valid key (see index_kernels)
     batch_steps = search_steps(batch)
-    empty = functools.partial(torch.empty, dtype=torch.int32, device=device)
 
-    keys, offsets = empty(n), empty(batch + 1)
+    keys = torch.empty(n, dtype=torch.int32, device=block_idx.device)
     per_token = h_kv * topk
     ht_pad = next_pow2(per_token)
     tok = max(1, _BLOCK // ht_pad)
     _entry_keys_kernel[(max(1, cdiv(total, tok)),)](
-        block_idx, cu, keys, offsets, total, batch, batch_steps, topk, block_size, pad_key,
+        block_idx, cu, keys, out.block_offsets, total, batch, batch_steps, topk, block_size, pad_key,
         HT=per_token, HT_PAD=ht_pad, TOK=tok, BLOCK_B=_BLOCK, num_warps=4,
     )
     # Token-major enumeration + stable sort = tokens ascending inside each row, deterministically.
     sorted_key, order = torch.sort(keys, stable=True)
 
-    row_ptr, token_ids, entry_slot, slot_pos = empty(num_rows + 1), empty(n), empty(n), empty(n)
-    start, length, local = empty(capacity), empty(capacity), empty(capacity)
     grid = max(cdiv(n, _BLOCK), cdiv(num_rows + 1, _BLOCK_ROWS))
     _csr_kernel[(grid,)](
-        sorted_key, order, token_ids, entry_slot, slot_pos, row_ptr, start, length, local, offsets, cu,
-        n, search_steps(n), per_token, topk, total, capacity, num_rows, batch, batch_steps, block_size, pad_key,
-        BLOCK_E=_BLOCK, BLOCK_R=_BLOCK_ROWS, num_warps=4,
+        sorted_key, order, out.token_ids, out.entry_slot, out.slot_pos, out.row_ptr, out.block_start, out.block_len,
+        out.block_local, out.block_offsets, cu, n, search_steps(n), per_token, topk, total, capacity, num_rows, batch,
+        batch_steps, block_size, pad_key, BLOCK_E=_BLOCK, BLOCK_R=_BLOCK_ROWS, num_warps=4,
     )
-    return SelectionIndex(
-        offsets, row_ptr, token_ids, entry_slot, slot_pos.view(total, h_kv, topk), start, length, local, capacity
-    )
+    return out
 
 
 def token_starts(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:

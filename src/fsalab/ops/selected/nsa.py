@@ -34,6 +34,7 @@ import triton.language as tl
 
 from ...checks import check_kernel_call
 from .._triton import LN2_C, LOG2E, LOG2E_C, autotune, dot_precision, interpreter_meta, next_pow2
+from ..library import grads_like, lse_like, op_or
 from . import worklist
 from .index import SelectionIndex, build_selection_index, token_starts
 
@@ -473,26 +474,80 @@ def backward_pass(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, block_size, 
     return _backward(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale, index)
 
 
+def _backward_on(do, dlse, q, k, v, o, lse, block_idx, cu_seqlens, tok_start, block_size, scale, index):
+    """(dq, dk, dv) on the index lists ``index`` (``SelectionIndex.tensors()``), or on lists built
+    here where it is empty (the forward needs none)."""
+    if not index:
+        index = build_selection_index(block_idx, cu_seqlens, block_size)
+    else:
+        index = SelectionIndex.from_tensors(index)
+    return _backward(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale, index)
+
+
 class _SelectedAttentionNSA(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, block_idx, cu_seqlens, block_size, scale, index):
-        o, lse, tok_start = _forward(q, k, v, block_idx, cu_seqlens, block_size, scale)
-        ctx.save_for_backward(q, k, v, o, lse, block_idx, cu_seqlens, tok_start)
-        ctx.block_size, ctx.scale, ctx.index = block_size, scale, index
-        ctx.set_materialize_grads(False)
-        return o, lse
+    """(q, k, v, block_idx, cu_seqlens, block_size, scale, index) -> (o, lse), index
+    ``SelectionIndex.tensors()`` or [] (built by the backward). Its ``setup`` and ``backward`` are also the autograd of
+    the op ``fsalab::selected_attention_nsa`` below, which torch.compile sees in its place and
+    which returns the token starts as well."""
 
     @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse, block_idx, cu_seqlens, tok_start = ctx.saved_tensors
+    def forward(ctx, *inputs):
+        output = _forward(*inputs[:-1])
+        _SelectedAttentionNSA.setup(ctx, inputs, output)
+        return output[:2]
+
+    @staticmethod
+    def setup(ctx, inputs, output):
+        q, k, v, block_idx, cu_seqlens, block_size, scale, index = inputs
+        ctx.save_for_backward(q, k, v, *output, block_idx, cu_seqlens, *index)
+        ctx.block_size, ctx.scale = block_size, scale
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, do, dlse, *_):  # _: the op's token starts' gradient (None)
+        q, k, v, o, lse, tok_start, block_idx, cu_seqlens, *index = ctx.saved_tensors
         if do is None:
             do = torch.zeros_like(o)
-        index = ctx.index if ctx.index is not None else build_selection_index(block_idx, cu_seqlens, ctx.block_size)
-        dq, dk, dv = _backward(
-            q, k, v, o, lse, do.contiguous(), None if dlse is None else dlse.contiguous(), block_idx,
+        dq, dk, dv = op_or("selected_attention_nsa_backward", _backward_on)(
+            do.contiguous(), None if dlse is None else dlse.contiguous(), q, k, v, o, lse, block_idx, cu_seqlens,
             tok_start, ctx.block_size, ctx.scale, index,
         )  # fmt: skip
-        return dq, dk, dv, None, None, None, None, None
+        # The op's list argument takes a list of gradients (its needs_input_grad entry is a list);
+        # the Function's argument, None.
+        index_grad = [None] * len(index) if isinstance(ctx.needs_input_grad[7], (list, tuple)) else None
+        return dq, dk, dv, None, None, None, None, index_grad
+
+
+# torch.compile's view of the kernels (ops/library.py): opaque ops with fake kernels.
+@torch.library.custom_op("fsalab::selected_attention_nsa", mutates_args=())
+def _selected_attention_nsa_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, cu_seqlens: torch.Tensor,
+    block_size: int, scale: float, index: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, lse, token starts int32 [total])."""
+    return _forward(q, k, v, block_idx, cu_seqlens, block_size, scale)
+
+
+@_selected_attention_nsa_op.register_fake
+def _(q, k, v, block_idx, cu_seqlens, block_size, scale, index):
+    return q.new_empty(q.shape), lse_like(q), q.new_empty(q.shape[0], dtype=torch.int32)
+
+
+@torch.library.custom_op("fsalab::selected_attention_nsa_backward", mutates_args=())
+def _selected_attention_nsa_backward_op(
+    do: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+    lse: torch.Tensor, block_idx: torch.Tensor, cu_seqlens: torch.Tensor, tok_start: torch.Tensor, block_size: int,
+    scale: float, index: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_on(do, dlse, q, k, v, o, lse, block_idx, cu_seqlens, tok_start, block_size, scale, index)
+
+
+@_selected_attention_nsa_backward_op.register_fake
+def _(do, dlse, q, k, v, o, lse, block_idx, cu_seqlens, tok_start, block_size, scale, index):
+    return grads_like(q, k, v)
+
+
+_selected_attention_nsa_op.register_autograd(_SelectedAttentionNSA.backward, setup_context=_SelectedAttentionNSA.setup)
 
 
 def selected_attention_nsa(
@@ -516,4 +571,6 @@ def selected_attention_nsa(
     check_kernel_call(q.device, block_size, "the NSA kernels")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     q, k, v, block_idx, cu_seqlens = (t.contiguous() for t in (q, k, v, block_idx, cu_seqlens))
-    return _SelectedAttentionNSA.apply(q, k, v, block_idx, cu_seqlens, block_size, scale, index)
+    o, lse = op_or("selected_attention_nsa", _SelectedAttentionNSA.apply)(
+        q, k, v, block_idx, cu_seqlens, block_size, scale, [] if index is None else index.tensors())[:2]
+    return o, lse

@@ -39,6 +39,7 @@ from .._triton import next_pow2 as _next_pow2
 from .._triton import search_steps as _search_steps
 from .._triton import tile_config as _tile_config
 from .._triton import unit_last_stride as _unit_last_stride
+from ..library import op_or
 from .select_common import (
     KEY_NONE,
     block_key,
@@ -249,7 +250,19 @@ def select_blocks(
     check_tensor("cu_seqlens_cmp", cu_seqlens_cmp, 1, (torch.int32,), q.device)
     if cu_seqlens_cmp.shape != cu_seqlens.shape:
         raise ValueError(f"cu_seqlens_cmp must have shape {tuple(cu_seqlens.shape)}, got {tuple(cu_seqlens_cmp.shape)}")
+    scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    return op_or("select_blocks", _select)(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, cfg.as_ints(), float(scale),
+                                           kernel)
 
+
+def _select(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, cfg_ints: list[int], scale: float,
+            kernel: str) -> torch.Tensor:
+    """``select_blocks`` on checked inputs (cfg as ``NSAConfig.as_ints``): the Gluon or the Triton
+    kernel, one launch."""
+    cfg = NSAConfig.from_ints(cfg_ints)
+    total, h, d = q.shape
+    rows, h_kv = k_cmp.shape[:2]
+    g = h // h_kv
     out = torch.empty((total, h_kv, cfg.topk), dtype=torch.int32, device=q.device)
     if total == 0:
         return out
@@ -259,7 +272,6 @@ def select_blocks(
     r = cfg.block_size // cfg.kernel_stride
     t_pad = max(2, _next_pow2(cfg.topk))
     bb = _chunk_blocks(t_pad, r)
-    scale = scale if scale is not None else 1.0 / math.sqrt(d)
     if kernel == "gluon" and not (_gluon_kernel is not None and _gluon_kernel.runs(q, g, cfg, t_pad, bb)):
         raise ValueError("kernel='gluon' needs an sm_90 GPU, fp16/bf16, d in {64, 128, 256}, chunks of exactly T_P "
                          "blocks and the group's q tiles in shared memory (block_select_gluon.runs)")
@@ -282,3 +294,15 @@ def select_blocks(
         **_meta(BLOCK_M=64 * g_hi),
     )
     return out
+
+
+# torch.compile's view of the kernel (ops/library.py): an opaque op with a fake kernel.
+@torch.library.custom_op("fsalab::select_blocks", mutates_args=())
+def _select_blocks_op(q: torch.Tensor, k_cmp: torch.Tensor, lse_cmp: torch.Tensor, cu_seqlens: torch.Tensor,
+                      cu_seqlens_cmp: torch.Tensor, cfg_ints: list[int], scale: float, kernel: str) -> torch.Tensor:
+    return _select(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, cfg_ints, scale, kernel)
+
+
+@_select_blocks_op.register_fake
+def _(q, k_cmp, lse_cmp, cu_seqlens, cu_seqlens_cmp, cfg_ints, scale, kernel):
+    return q.new_empty((q.shape[0], k_cmp.shape[1], NSAConfig.from_ints(cfg_ints).topk), dtype=torch.int32)

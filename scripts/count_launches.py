@@ -19,8 +19,8 @@ The default shape mirrors the H200 profile point (one sequence, g = 1, h_kv = 4,
 at interpreter size: N = 256 tokens, d = 32, block 16, topk 8, fp16 (the counts do not
 depend on the sizes, except NSA's merge launch, which only runs when a CSR row is split). Directions: ``fwd`` is
 the call under no_grad; ``bwd`` is ``torch.autograd.grad`` of a graph built beforehand (what
-the benchmark's bwd timing runs). Input-value checks are off (FSALAB_VALUE_CHECKS=0), as when
-the benchmark times kernels.
+the benchmark's bwd timing runs). Input-value checks are off (``fsalab.settings``' value_checks),
+as when the benchmark times kernels.
 
     PYTHONPATH=src python scripts/count_launches.py [--impls fsa,fsa_paper,nsa] [--lengths 256] [--ops]
     PYTHONPATH=src python scripts/count_launches.py --op nsa_attention --impls fsa,nsa --lengths 512 --block-size 32 --topk 4
@@ -40,10 +40,10 @@ import os
 import sys
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
-os.environ["FSALAB_VALUE_CHECKS"] = "1" if "--value-checks" in sys.argv else "0"
 
 import torch
 
+from fsalab import settings
 from fsalab.bench.kernel import nsa_attention_calls
 from fsalab.testing import LaunchCounter, nsa_module_forward
 
@@ -102,7 +102,7 @@ def main() -> int:
     ap.add_argument("--op", choices=("selected", "nsa_attention", "module"), default="selected",
                     help="the selected-attention call, whole NSA attention (one sequence of the first length), "
                          "or a small module's forward")
-    ap.add_argument("--value-checks", action="store_true", help="input-value checks on (read before torch loads)")
+    ap.add_argument("--value-checks", action="store_true", help="input-value checks on (the users' default)")
     ap.add_argument("--lengths", default="256", help="comma-separated sequence lengths")
     ap.add_argument("--h-kv", type=int, default=4)
     ap.add_argument("--g", type=int, default=1)
@@ -112,6 +112,7 @@ def main() -> int:
     ap.add_argument("--ops", action="store_true", help="print the counted ops of every call")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    settings.configure(value_checks=args.value_checks)
     lengths = [int(n) for n in args.lengths.split(",")]
     rows = []
     for impl in args.impls.split(","):

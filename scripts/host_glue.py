@@ -21,7 +21,7 @@ With ``--triton-launch`` (op path only) Triton's own launch path runs instead, a
 the compiled kernel's C launcher: the kernels are Triton's JIT functions and autotuners (not the
 interpreter's), the active driver stands in for an sm_90 GPU, and compiling a kernel yields a
 launcher that only counts its launches; the autotuners take their first config
-(``FSALAB_AUTOTUNE=0``), which on the GPU costs the same per call as a cached tuning. The
+(``settings.configure(autotune=False)``), which on the GPU costs the same per call as a cached tuning. The
 difference of the two modes is what Triton's Python adds per launch (binding and specialising
 the arguments, the cache key, the autotuner's argument dicts, launch metadata).
 Prints the median and minimum microseconds per call over rounds of 100 calls (a shared 2-core
@@ -45,13 +45,12 @@ import time
 TRITON_LAUNCH = "--triton-launch" in sys.argv
 if TRITON_LAUNCH:
     os.environ.pop("TRITON_INTERPRET", None)
-    os.environ["FSALAB_AUTOTUNE"] = "0"
 else:
     os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 
 import fsalab.ops  # noqa: E402
-from fsalab.checks import value_checks_off  # noqa: E402
+from fsalab import settings  # noqa: E402
 from fsalab.config import NSAConfig  # noqa: E402
 from fsalab.modules.nsa import NativeSparseAttention  # noqa: E402
 
@@ -165,18 +164,20 @@ def main() -> None:
     if args.triton_launch and args.path != "op":
         parser.error("--triton-launch times the op path only")
     torch.manual_seed(0)
+    if args.triton_launch:
+        settings.configure(autotune=False)  # the stand-in driver runs nothing to time
     launches = mock_gpu_launches() if args.triton_launch else None
-    with value_checks_off():  # a stand-in launch writes nothing: no check may read its outputs
+    with settings.override(value_checks=False):  # a stand-in launch writes nothing: no check may read its outputs
         call = {"decode": decode_call, "forward": lambda: forward_call(args.impl),
                 "op": lambda: op_call(args.impl, args.backward)}[args.path]()
     if launches is None:
         what = f"{stub_launches()} Triton functions stubbed"
     else:
-        with value_checks_off():
+        with settings.override(value_checks=False):
             launches[0] = 0
             call()
         what = f"Triton's launch path, {launches[0]} launches a call"
-    with value_checks_off():
+    with settings.override(value_checks=False):
         for _ in range(20):
             call()
         rounds = []

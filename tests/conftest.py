@@ -11,7 +11,29 @@ if not torch.cuda.is_available():
 
 import pytest
 
+from fsalab import settings
+
 ON_GPU = torch.cuda.is_available()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--no-autotune", action="store_true",
+                     help="fsalab's Triton kernels run one config per launch, without autotune timing "
+                          "(settings.autotune False: short GPU test runs)")
+
+
+def pytest_configure(config):
+    if config.getoption("--no-autotune"):
+        settings.configure(autotune=False)
+
+
+@pytest.fixture(autouse=True)
+def _settings_restored():
+    """Each test starts from the session's settings (fsalab.settings): one that configures them,
+    or runs a command line with --dispatch, leaves no trace in the next."""
+    before = settings.current
+    yield
+    settings.current = before
 
 
 @pytest.fixture

@@ -233,14 +233,13 @@ def test_platform_names(name, expected):
     assert provenance.platform_from_gpu_name(name) == expected
 
 
-def test_provenance_fields(monkeypatch):
+def test_provenance_fields():
     """The provenance block names this machine's stack, not placeholders (here: the CPU test run
     under the Triton interpreter)."""
     import datetime
 
     import triton
 
-    monkeypatch.delenv("FSALAB_PLATFORM", raising=False)  # a CLI test in this process may have set it
     info = provenance.provenance()
     assert info["torch"] == torch.__version__ and info["triton"] == triton.__version__
     assert info["triton_interpret"] is True and info["platform"] == "cpu-interpret"

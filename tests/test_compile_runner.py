@@ -12,8 +12,7 @@ from fsalab.bench import compile as first_call
 from fsalab.bench import grid
 
 
-def test_compile_point_gives_a_first_call_row(tmp_path, monkeypatch):
-    monkeypatch.setenv("FSALAB_PLATFORM", "cpu-test")
+def test_compile_point_gives_a_first_call_row(tmp_path):
     exp = grid.load_experiment("compile", smoke=True)
     (point,) = grid.expand(exp)
     row = first_call.run_point(point, exp, torch.device("cpu"), "cpu-test")

@@ -4,6 +4,7 @@ decode against the prefill module's output for every position of ragged batches.
 import pytest
 import torch
 
+from fsalab import settings
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
 from fsalab.ops import decode
@@ -223,7 +224,7 @@ def _token_inputs(cache, h, seed, dtype):
 @INTERPRETED
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("scaling", [1.0, 1.25])
-def test_append_token_matches_reference(dtype, scaling, monkeypatch):
+def test_append_token_matches_reference(dtype, scaling):
     """The two Triton launches against the op-by-op reference on one cache state: lengths 7
     (completes compressed token 0), 11 (token 1 at window start 4), 20 (none), 24 (full: the
     token goes to scratch and the length stays, value checks off), position 2000 in a second
@@ -231,7 +232,7 @@ def test_append_token_matches_reference(dtype, scaling, monkeypatch):
     rounding (fp32: up to the last bits of cos/sin); NaN-poisoned q output."""
     from fsalab.modules.rope import rope_inv_freq
 
-    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+    settings.configure(value_checks=False)
     h_kv, d, g = 2, 12, 3
     inv_freq = rope_inv_freq(d, 10000.0)
     for lengths, capacity in (([7, 11, 20, 24], 24), ([1999, 5], 2048)):
@@ -357,12 +358,12 @@ def test_cache_memory_and_layout():
 
 
 @INTERPRETED
-def test_step_launches(monkeypatch):
+def test_step_launches():
     """A step's bookkeeping is two launches, its attention five (DESIGN §9); no aten op between
     them (launch-bound at short contexts: each costs the host ~µs to enqueue)."""
     from fsalab.testing import LaunchCounter
 
-    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+    settings.configure(value_checks=False)
     module = _module(TINY, 4, 2, 8, torch.float16, "triton")
     cache, gen = _random_cache(TINY, [13, 40], 4, 2, 8, torch.float16, capacity=48, seed=0)
     q, k, v = torch.randn(2, 4, 8, generator=gen).half(), *torch.randn(2, 2, 2, 8, generator=gen).half()

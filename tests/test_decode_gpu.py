@@ -5,6 +5,7 @@ extra memory per step. The CPU stand-in for the host-sync check runs everywhere.
 import pytest
 import torch
 
+from fsalab import settings
 from fsalab.bench.timing import capture_graph
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
@@ -174,11 +175,11 @@ def test_step_extra_memory_is_independent_of_context():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter")
-def test_decode_path_reads_no_device_values(monkeypatch):
+def test_decode_path_reads_no_device_values():
     """CPU stand-in for the host-sync check: with value checks off (on CUDA they are asynchronous
     device asserts) the module's decode step reads no tensor value to the host (no aten op such
     as item() or nonzero, no tolist/numpy/cpu from fsalab's code)."""
-    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+    settings.configure(value_checks=False)
     cfg = NSAConfig(kernel_size=8, kernel_stride=4, block_size=16, topk=2, local_blocks=1, window_size=8)
     torch.manual_seed(0)
     module = NativeSparseAttention(16, 4, 2, head_dim=8, config=cfg, decode_impl="triton", dtype=torch.float32)

@@ -347,7 +347,6 @@ def test_unknown_experiment_is_an_error_listing_the_known_ones(tmp_path, capsys,
 
 
 def test_notebooks_write_into_their_own_folder(tmp_path, monkeypatch):
-    monkeypatch.delenv("FSALAB_FIGURES", raising=False)
     monkeypatch.setenv("FSALAB_ROOT", str(tmp_path))
     assert plotting.context("kernel").figures_dir == tmp_path / "paper_figures" / "kernel"
     sources = [c.source for p in sorted((ROOT / "analysis").glob("*.ipynb")) for c in nbformat.read(p, 4).cells]

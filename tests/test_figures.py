@@ -3,6 +3,7 @@ files, and figures readable without their title."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -58,7 +59,24 @@ def test_headless_notebook_runs_draw_with_agg(tmp_path, monkeypatch):
                      str(tmp_path / "res"), "--figures", str(out), "--executed", str(tmp_path / "ran.ipynb")]) == 0
     assert (out / "backend.txt").read_text().lower() == "agg"
     ran = nbformat.read(tmp_path / "ran.ipynb", as_version=4)
-    assert not any("image/png" in o.get("data", {}) for o in ran.cells[0].outputs)
+    assert ran.cells[0].metadata["tags"] == ["injected-parameters"]
+    assert not any("image/png" in o.get("data", {}) for cell in ran.cells for o in cell.outputs)
+
+
+def test_headless_run_passes_its_parameters_as_a_cell_not_the_environment(tmp_path, monkeypatch):
+    """``fsalab notebook`` hands the notebook its platform, results and figures folders through
+    its first cell; this process's environment stays as it was."""
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    (tmp_path / "res" / "unit").mkdir(parents=True)
+    (tmp_path / "res" / "unit" / "unit.csv").write_text("experiment\n")
+    code = ("from fsalab import plotting\nctx = plotting.context('t')\n"
+            "(ctx.figures_dir / 'ctx.txt').write_text(f'{ctx.platform} {ctx.results_dir}')")
+    before = dict(os.environ)
+    out = tmp_path / "figures"
+    assert cli.main(["notebook", str(_notebook(tmp_path / "t.ipynb", code)), "--platform", "unit", "--results-dir",
+                     str(tmp_path / "res"), "--figures", str(out)]) == 0
+    assert (out / "ctx.txt").read_text() == f"unit {(tmp_path / 'res').resolve()}"
+    assert dict(os.environ) == before
 
 
 # ---------------------------------------------------------------- one name and colour per impl
@@ -107,10 +125,10 @@ def figures(tmp_path_factory):
     drawn = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plotting, "save", lambda fig, ctx, name: drawn.setdefault(name, fig))
-        mp.setenv("FSALAB_PLATFORM_RESULTS", "h200")
-        mp.setenv("FSALAB_RESULTS", str(ROOT / "results"))
+        mp.setattr(plotting, "_parameters", dict(plotting._parameters))  # set_parameters' changes undone after
         for path in NOTEBOOKS:
-            mp.setenv("FSALAB_FIGURES", str(tmp_path_factory.mktemp(path.stem)))
+            plotting.set_parameters(platform="h200", results_dir=ROOT / "results",
+                                    figures_dir=tmp_path_factory.mktemp(path.stem))
             namespace: dict = {}
             for cell in nbformat.read(path, as_version=4).cells:
                 if cell.cell_type == "code":

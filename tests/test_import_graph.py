@@ -26,7 +26,8 @@ RESULT_SUFFIXES = (".csv", ".json", ".log.gz", ".txt.gz")
 # DESIGN §1, bottom to top: config -> ops -> modules -> models -> bench -> results ->
 # reproduction / figures -> cli. The longest matching prefix names a module's layer.
 LAYERS = {
-    "fsalab.config": 0, "fsalab.checks": 0, "fsalab.varlen": 0, "fsalab.theory": 0, "fsalab.data": 0,
+    "fsalab.config": 0, "fsalab.settings": 0, "fsalab.checks": 0, "fsalab.varlen": 0, "fsalab.theory": 0,
+    "fsalab.data": 0,
     "fsalab.ops": 1,
     "fsalab": 2, "fsalab.modules": 2,  # the package root re-exports NSAConfig and the module
     "fsalab.testing": 2,  # test helpers over the ops and the module; the benchmark's check uses them

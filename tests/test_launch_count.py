@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fsalab import settings
 from fsalab.bench.kernel import nsa_attention_calls
 from fsalab.ops.selected import selected_attention
 from fsalab.testing import LaunchCounter, make_batch, nsa_module_forward, random_block_idx
@@ -52,9 +53,9 @@ def launched(required: set[str], counter: LaunchCounter) -> bool:
 
 
 @pytest.mark.parametrize("impl,direction", sorted(LIMITS))
-def test_launches_per_call(impl, direction, monkeypatch, device):
+def test_launches_per_call(impl, direction, device):
     """At most LIMITS launches, among them every kernel of REQUIRED."""
-    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")  # checks add ops; the benchmark times without them
+    settings.configure(value_checks=False)  # checks add ops; the benchmark times without them
     batch = make_batch([40, 1, 23], 4, 2, 16, dtype=torch.float16, device=device, seed=0)
     block_idx = random_block_idx(batch.cu_seqlens, 2, 3, 16, torch.Generator().manual_seed(0))
     leaves = [t.clone().requires_grad_(direction == "bwd") for t in (batch.q, batch.k, batch.v)]
@@ -98,7 +99,7 @@ NSA_ATTENTION_REQUIRED = (
 
 
 @pytest.mark.parametrize("impl", ["fsa", "nsa"])
-def test_value_checks_add_no_launches_to_a_repeated_module_call(impl, monkeypatch, device):
+def test_value_checks_add_no_launches_to_a_repeated_module_call(impl, device):
     """With value checks on (the default), a module forward over offsets it has already checked
     launches what it launches with checks off: unchanged cu_seqlens are not checked again
     (``fsalab.checks``) and the selection's own block indices are not re-checked. (Before, the
@@ -108,20 +109,20 @@ def test_value_checks_add_no_launches_to_a_repeated_module_call(impl, monkeypatc
     would otherwise match itself)."""
     fwd = nsa_module_forward(impl, device)
     counts = {}
-    for checks in ("0", "1"):
-        monkeypatch.setenv("FSALAB_VALUE_CHECKS", checks)
+    for checks in (False, True):
+        settings.configure(value_checks=checks)
         fwd()  # outside the count: one-time work, and the offsets' first check
         with LaunchCounter() as counter:
             fwd()
         counts[checks] = counter.counts
         assert launched(REQUIRED[impl, "fwd"], counter), dict(counter.counts)
-    assert counts["1"] == counts["0"], {checks: dict(c) for checks, c in counts.items()}
+    assert counts[True] == counts[False], {checks: dict(c) for checks, c in counts.items()}
 
 
 @pytest.mark.parametrize("impl", sorted(NSA_ATTENTION_LIMITS))
-def test_launches_per_nsa_attention_call(impl, monkeypatch, device):
+def test_launches_per_nsa_attention_call(impl, device):
     """At most NSA_ATTENTION_LIMITS launches per direction, among them every branch's kernels."""
-    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+    settings.configure(value_checks=False)
     calls = nsa_attention_calls(impl, 128, 1, 1, 16, 32, 4, device=device)
     limits, required_kernels = NSA_ATTENTION_LIMITS[impl], NSA_ATTENTION_REQUIRED
     for fn, limit, required, direction in zip(calls, limits, required_kernels, ("fwd", "bwd")):
@@ -161,8 +162,8 @@ def _decode_ready_module(device):
 
 
 @torch.no_grad()
-def test_launches_per_decode_step(monkeypatch, device):
-    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+def test_launches_per_decode_step(device):
+    settings.configure(value_checks=False)
     module, cache = _decode_ready_module(device)
     x = torch.randn(2, 32, dtype=torch.float16, device=device)
     q, k, v = module.q_proj(x).view(2, 4, 8), module.k_proj(x).view(2, 2, 8), module.v_proj(x).view(2, 2, 8)
@@ -175,7 +176,7 @@ def test_launches_per_decode_step(monkeypatch, device):
 
 
 @torch.no_grad()
-def test_launches_per_patched_model_decode_layer(monkeypatch, device):
+def test_launches_per_patched_model_decode_layer(device):
     """Launches inside each decoder layer's attention during a patched Llama's decode forward
     (through ``NSAModelCache``, as ``model.generate`` runs it)."""
     pytest.importorskip("transformers")
@@ -183,7 +184,7 @@ def test_launches_per_patched_model_decode_layer(monkeypatch, device):
     from fsalab.models import configs, patch
     from fsalab.models.cache import NSAModelCache, cache_kwarg
 
-    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+    settings.configure(value_checks=False)
     tiny = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
             "head_dim": 16, "vocab_size": 64, "bos_token_id": None, "eos_token_id": None}
     cfg = NSAConfig(kernel_size=8, kernel_stride=4, block_size=16, topk=2, init_blocks=1, local_blocks=1, window_size=8)

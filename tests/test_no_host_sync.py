@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from fsalab import settings
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
 from fsalab.testing import cu_seqlens_of
@@ -34,11 +35,11 @@ def test_module_forward_backward_without_host_sync(selection, monkeypatch, tmp_p
 
 @pytest.mark.slow(25)
 @pytest.mark.parametrize("selection", ["nsa", "fsa", "fsa_paper"])
-def test_module_path_reads_no_device_values(selection, monkeypatch):
+def test_module_path_reads_no_device_values(selection):
     """CPU stand-in for the GPU test above: with value checks off (on CUDA they are asynchronous
     device asserts) the module's forward and backward read no tensor value to the host (no aten op
     such as item() or nonzero, no tolist/numpy/cpu from fsalab's code)."""
-    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+    settings.configure(value_checks=False)
     torch.manual_seed(0)
     cfg = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=4, window_size=32)
     module = NativeSparseAttention(64, 4, 2, config=cfg, selection_impl=selection, compression_impl="triton",

@@ -78,8 +78,7 @@ def test_installed_package_runs_outside_the_checkout(tmp_path):
     assert (target / "fsalab" / "data" / "schemas" / "result.schema.yaml").is_file()
     assert not (target / "fsalab" / "data" / "schemas").is_symlink()
 
-    # FSALAB_PLATFORM too: `fsalab ... --platform` sets it in this process (another test's call).
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FSALAB_ROOT", "FSALAB_PLATFORM")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FSALAB_ROOT")}
     env |= {"PYTHONPATH": str(target), "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     where = _run(["-c", "import fsalab; print(fsalab.__file__)"], work, env)
     assert Path(where.strip()).is_relative_to(target)

@@ -10,6 +10,7 @@ import pytest
 import triton
 import triton.language as tl
 
+from fsalab import settings
 from fsalab.ops import _triton
 
 OPS = Path(_triton.__file__).parent
@@ -26,11 +27,11 @@ def _prune_small(configs, named_args, **kwargs):
 
 @pytest.fixture
 def on_gpu(monkeypatch):
-    """The decorator as it behaves on a GPU, with or without FSALAB_AUTOTUNE=0."""
+    """The decorator as it behaves on a GPU, with autotuning on or off (``fsalab.settings``)."""
     monkeypatch.setattr(_triton, "INTERPRET", False)
 
     def mode(tune: bool):
-        monkeypatch.setattr(_triton, "TUNE", tune)
+        settings.configure(autotune=tune)
 
     return mode
 
@@ -47,7 +48,7 @@ def test_gpu_tunes_every_config_that_survives_pruning(on_gpu):
     assert isinstance(tuner, triton.runtime.Autotuner)
     assert tuner.configs == CONFIGS
     assert tuner.early_config_prune(CONFIGS, {"limit": 64}) == CONFIGS[1:]
-    assert tuner._do_bench is None  # Triton's own timing
+    assert tuner.do_bench is _triton._bench  # Triton's own timing while autotuning is on
 
 
 def test_untuned_gpu_runs_the_first_surviving_config_without_timing(on_gpu):
@@ -59,6 +60,22 @@ def test_untuned_gpu_runs_the_first_surviving_config_without_timing(on_gpu):
     tuner = _triton.autotune(CONFIGS, key=["x"], untuned=lambda args: fixed)(triton.jit(_kernel))
     assert tuner.early_config_prune(CONFIGS, {"limit": 64}) == [fixed]
     assert _triton.interpreter_meta(BLOCK=16) == {}
+
+
+def test_autotune_setting_is_read_per_launch_with_its_own_choices(on_gpu):
+    """The setting applies to kernels defined before it changed (at import), and a key chosen
+    without timing is not what a tuned launch finds (nor the other way round)."""
+    on_gpu(True)
+    tuner = _triton.autotune(CONFIGS, key=["x"], prune=_prune_small)(triton.jit(_kernel))
+    settings.configure(autotune=False)
+    assert tuner.early_config_prune(CONFIGS, {"limit": 64}) == [CONFIGS[1]]
+    tuner.cache[(7,)] = CONFIGS[1]  # as Triton's run() records an untimed launch's config
+    settings.configure(autotune=True)
+    assert (7,) not in tuner.cache
+    assert tuner.early_config_prune(CONFIGS, {"limit": 64}) == CONFIGS[1:]
+    tuner.cache[(7,)] = CONFIGS[2]
+    settings.configure(autotune=False)
+    assert tuner.cache[(7,)] == CONFIGS[1]
 
 
 def test_search_steps_resolve_both_searches():
@@ -100,8 +117,8 @@ def test_constants():
     assert _triton.LOG2E_C.value == _triton.LOG2E and _triton.LN2_C.value == _triton.LN2
 
 
-# What lives once, in _triton.py: interpreter and autotune switches, autotune wrapping, powers of two.
-_COPIES = re.compile(r"environ\.get\(\"(TRITON_INTERPRET|FSALAB_AUTOTUNE)\"|triton\.autotune\(|next_power_of_2|0\.6931471805599453")
+# What lives once, in _triton.py: the interpreter switch, autotune wrapping, powers of two.
+_COPIES = re.compile(r"environ\.get\(\"TRITON_INTERPRET\"|triton\.autotune\(|next_power_of_2|0\.6931471805599453")
 
 
 def test_no_kernel_module_keeps_its_own_copy():

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from fsalab import results
+from fsalab import results, settings
 from fsalab.bench import grid, ops, timing, versus
 from fsalab.bench.inputs import make_inputs
 
@@ -160,7 +160,7 @@ def test_whole_nsa_attention_replays_from_a_cuda_graph(impl, direction, monkeypa
     """The whole NSA attention (bench op nsa_attention) captures into a CUDA graph whose replay
     rewrites its outputs (poisoned first) with the eager values and leaves its inputs alone."""
     monkeypatch.setenv("FSALAB_DISPATCH_CACHE", str(tmp_path / "dispatch.json"))
-    monkeypatch.setenv("FSALAB_VALUE_CHECKS", "0")
+    settings.configure(value_checks=False)
     device = torch.device("cuda")
     exp = _experiment([{"op": "nsa_attention", "impl": impl}], CPU_TIMING, defaults={"h_kv": 4, "d": 128},
                       direction=[direction], g=[4], N=[4096])

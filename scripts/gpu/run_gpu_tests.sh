@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU test suite (pytest -m gpu) in one device call, inside 10 minutes on one H200: the test
 # files with GPU tests are dealt into CHUNKS groups (heaviest first) that run side by side on
-# the one GPU (most of the time is Triton compilation, which is host-bound), with
-# FSALAB_AUTOTUNE=0 (each kernel's first config that survives pruning, no autotune timing).
+# the one GPU (most of the time is Triton compilation, which is host-bound), with pytest's
+# --no-autotune (tests/conftest.py: each kernel's first config that survives pruning, no autotune timing).
 # Each chunk's log (with its ten slowest tests) goes to $OUT/pytest-gpu-<i>.log;
 # $OUT/pytest-gpu-summary.txt gets each chunk's files and result (scripts/gpu/gpu_tests_summary.py),
 # printed at the end; exits 1 when any chunk failed or did not finish. GPU_TESTS_BUDGET_S (seconds,
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../.."
 chunks=${1:-8}
 shift $(( $# > 0 ? 1 : 0 ))
 list_only=${GPU_TESTS_LIST_ONLY:-0}
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" FSALAB_AUTOTUNE=0
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-/tmp/out}
 if [ "$list_only" != 1 ]; then
   mkdir -p "$OUT"
@@ -45,7 +45,7 @@ for ((i = 0; i < chunks; i++)); do
   echo "chunk $i: ${mine[*]}"
   [ "$list_only" = 1 ] && continue
   lists+=(--chunk "${mine[*]}")
-  "${stop[@]}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs --durations=10 "$@" "${mine[@]}" > "$OUT/pytest-gpu-$i.log" 2>&1 &
+  "${stop[@]}" python3 -m pytest -m gpu --no-autotune -q -p no:cacheprovider -rfEs --durations=10 "$@" "${mine[@]}" > "$OUT/pytest-gpu-$i.log" 2>&1 &
   pids+=($!)
 done
 [ "$list_only" = 1 ] && exit 0

@@ -2,8 +2,9 @@
 
 Shape, dtype and device checks never touch tensor values. Value checks (cu_seqlens ascending,
 block indices in range) raise ``ValueError`` on CPU tensors; on CUDA they are queued as
-device-side asserts (``torch._assert_async``) so the launch path keeps no host sync. Set
-``FSALAB_VALUE_CHECKS=0`` to skip value checks entirely.
+device-side asserts (``torch._assert_async``) so the launch path keeps no host sync. The
+setting ``value_checks`` (``fsalab.settings``) skips value checks entirely:
+``with settings.override(value_checks=False): ...``.
 
 A cu_seqlens tensor that passed its value checks is not checked again while it is unchanged
 (the same tensor, its version counter as it was, the same token count): one NSA attention call
@@ -15,7 +16,7 @@ writes bump the counter, so changed offsets are checked again; under CUDA-graph 
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import math
 import numbers
 import os
@@ -23,6 +24,7 @@ import weakref
 
 import torch
 
+from . import settings
 from .varlen import local_positions
 
 MAX_GROUP = 16
@@ -32,22 +34,14 @@ REFERENCE_DTYPES = KERNEL_DTYPES + (torch.float64,)
 
 
 def _value_checks_enabled() -> bool:
-    return os.environ.get("FSALAB_VALUE_CHECKS", "1") != "0"
+    return settings.current.value_checks
 
 
-@contextlib.contextmanager
-def value_checks_off():
-    """Value checks skipped inside the block (``FSALAB_VALUE_CHECKS=0``), the old setting back
-    after it: the benchmarks time the launch path without the asserts' extra ops."""
-    old = os.environ.get("FSALAB_VALUE_CHECKS")
-    os.environ["FSALAB_VALUE_CHECKS"] = "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("FSALAB_VALUE_CHECKS", None)
-        else:
-            os.environ["FSALAB_VALUE_CHECKS"] = old
+@functools.cache
+def _interpreting() -> bool:
+    # Read at the first kernel call, once: by then Triton has defined the kernels under the same
+    # variable, which a process sets before it imports triton (fsalab's command line does).
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _expect(cond: torch.Tensor, message: str) -> None:
@@ -66,7 +60,7 @@ def check_kernel_call(device: torch.device, block_size, kernel: str) -> None:
     power of two >= 16, and CUDA tensors unless the Triton interpreter runs them (TRITON_INTERPRET=1)."""
     if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if device.type != "cuda" and not _interpreting():
         raise ValueError(f"{kernel} need CUDA tensors (or TRITON_INTERPRET=1), got device {device}")
 
 

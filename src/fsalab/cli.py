@@ -5,6 +5,7 @@
     fsalab bench-kernel --experiment kernel --point ID            one grid point -> one JSON
     fsalab bench-kernel --experiment kernel --op selected --impl fsa --N 65536 --g 4 ...
     fsalab bench-kernel --experiment kernel --all [--skip-existing]   the whole grid, in-process
+    fsalab bench-kernel ... --dispatch rules --no-autotune        settings (fsalab.settings) of every runner
     fsalab bench-dram --experiment dram --all                     DRAM bytes under Nsight Compute
     fsalab bench-compile --experiment compile --all               first-call compile + autotune time
     fsalab bench-versus --experiment versus --all [--filter N65536]  NSA vs cuDNN, interleaved
@@ -29,6 +30,8 @@ import json
 import os
 import sys
 from pathlib import Path
+
+from . import settings
 
 
 def _prepare_device():
@@ -150,14 +153,13 @@ def cmd_bench_kernel(args) -> int:
     from .bench import grid, kernel, rows
     from .bench.provenance import detect_platform
 
-    if args.platform:
-        os.environ["FSALAB_PLATFORM"] = args.platform
+    settings.apply_arguments(args)
     if exp["runner"] != POINT_RUNNERS[args.command]:
         print(f"experiment {exp['experiment']!r} uses the {exp['runner']!r} runner, not {args.command}", file=sys.stderr)
         return 2
     module = importlib.import_module(f"fsalab.bench.{exp['runner']}")
     run_point = module.run_point
-    platform = detect_platform()
+    platform = args.platform or detect_platform()
     point = _point_from_args(args, exp)
     if point is None:
         if not args.all:
@@ -324,6 +326,17 @@ def replace_dir(new: Path, dest: Path) -> None:
         shutil.rmtree(old)
 
 
+def parameters_cell(**parameters):
+    """The first cell of a headless notebook run: Agg for the figure files (in Jupyter the
+    notebooks draw inline), then the run's parameters (``plotting.set_parameters``)."""
+    import nbformat
+
+    given = ", ".join(f"{name}={value!r}" for name, value in parameters.items())
+    source = ("# Parameters of this run (fsalab notebook)\nimport matplotlib\n\nmatplotlib.use(\"Agg\")\n\n"
+              f"from fsalab import plotting\n\nplotting.set_parameters({given})")
+    return nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
+
+
 def cmd_notebook(args) -> int:
     import shutil
     import tempfile
@@ -342,13 +355,9 @@ def cmd_notebook(args) -> int:
     # Figures go to a temporary folder beside dest and replace it only when every cell ran.
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     staging.chmod(0o755)
-    os.environ["FSALAB_PLATFORM_RESULTS"] = args.platform
-    # Headless: Agg for the figure files (in Jupyter the notebooks draw inline).
-    os.environ["MPLBACKEND"] = "Agg"
-    os.environ["FSALAB_FIGURES"] = str(staging)
-    if args.results_dir:
-        os.environ["FSALAB_RESULTS"] = str(Path(args.results_dir).resolve())
+    results_dir = str(Path(args.results_dir).resolve()) if args.results_dir else None
     nb = nbformat.read(args.notebook, as_version=4)
+    nb.cells.insert(0, parameters_cell(platform=args.platform, results_dir=results_dir, figures_dir=str(staging)))
     client = NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(repo_root())}})
     try:
@@ -467,6 +476,7 @@ def kernel_parser(sub, command: str, experiment_args) -> None:
         p.add_argument(f"--{flag.replace('_', '-')}" if flag != "N" else "--N", dest=flag, type=kind,
                        help=_PARAM_HELP[flag])
     p.add_argument("--option", action="append", type=_parse_option, help="impl switch key=value (repeatable)")
+    settings.add_arguments(p)
     p.set_defaults(func=cmd_bench_kernel)
 
 

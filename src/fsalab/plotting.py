@@ -1,15 +1,17 @@
 """Shared look and plumbing of the analysis notebooks.
 
-Notebooks are parametrised by environment variables (set by ``fsalab notebook`` / Snakemake):
-``FSALAB_PLATFORM_RESULTS`` (which ``results/<platform>/`` to read; default ``h200`` when present,
-else the first platform with results), ``FSALAB_FIGURES`` (output folder; default
-``paper_figures/<notebook>/``, the notebook's own folder) and ``FSALAB_RESULTS`` (the results
-root). Every figure is saved as PNG and PDF; every table as Markdown and CSV. ``fsalab notebook``
-points ``FSALAB_FIGURES`` at a temporary folder and moves it into place only when the whole
-notebook ran, so a failing notebook never replaces or deletes figures.
+A notebook's parameters are arguments: which ``results/<platform>/`` to read (default ``h200``
+when present, else the first platform with results), the results root (default the checkout's
+``results/``) and the output folder (default ``paper_figures/<notebook>/``, the notebook's own
+folder). ``context(notebook, platform=..., ...)`` takes them; ``fsalab notebook`` puts a first
+cell into the notebook it runs (tagged ``injected-parameters``, as papermill tags its own) that
+calls ``set_parameters(...)``, which ``context`` falls back on. Every figure is saved as PNG and
+PDF; every table as Markdown and CSV. ``fsalab notebook`` points the output folder at a temporary
+folder and moves it into place only when the whole notebook ran, so a failing notebook never
+replaces or deletes figures.
 
 The matplotlib backend is left to matplotlib: inline in Jupyter, Agg without a display, and
-Agg under ``fsalab notebook`` (which sets ``MPLBACKEND``), so headless figures do not depend on
+Agg under ``fsalab notebook`` (its first cell selects it), so headless figures do not depend on
 the machine. Every implementation has one display name and one colour in every figure
 (``IMPLS``; ``label``, ``color`` and ``hue`` look them up), the parts of an NSA step or a layer
 theirs (``PARTS``). Figures of a plumbing-check platform (``provenance.plumbing_only``) say so.
@@ -18,7 +20,6 @@ theirs (``PARTS``). Figures of a plumbing-check platform (``provenance.plumbing_
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,15 +101,28 @@ class Context:
         return results.load_table(self.platform, experiment, self.results_dir)
 
 
-def context(notebook: str) -> Context:
-    """Read the notebook parameters from the environment, apply the style, create the output
-    folder (``$FSALAB_FIGURES``, else ``paper_figures/<notebook>``)."""
-    results_dir = Path(os.environ.get("FSALAB_RESULTS", repo_root() / "results"))
-    platform = os.environ.get("FSALAB_PLATFORM_RESULTS")
+# The parameters of this run (``set_parameters``): a headless run's first cell sets them.
+_parameters: dict[str, str | None] = {"platform": None, "results_dir": None, "figures_dir": None}
+
+
+def set_parameters(platform: str | None = None, results_dir: str | Path | None = None,
+                   figures_dir: str | Path | None = None) -> None:
+    """The parameters ``context`` uses where it is given none (None: its default), for the rest
+    of this process: the first cell ``fsalab notebook`` puts into a notebook calls it."""
+    _parameters.update(platform=platform, results_dir=None if results_dir is None else str(results_dir),
+                       figures_dir=None if figures_dir is None else str(figures_dir))
+
+
+def context(notebook: str, platform: str | None = None, results_dir: str | Path | None = None,
+            figures_dir: str | Path | None = None) -> Context:
+    """The run's parameters (arguments, else ``set_parameters``'s, else the defaults), with the
+    style applied and the output folder created (default ``paper_figures/<notebook>``)."""
+    results_dir = Path(results_dir or _parameters["results_dir"] or repo_root() / "results")
+    platform = platform or _parameters["platform"]
     if not platform:
         available = results.platforms(results_dir)
         platform = "h200" if "h200" in available else (available[0] if available else "h200")
-    figures = Path(os.environ.get("FSALAB_FIGURES") or repo_root() / "paper_figures" / notebook)
+    figures = Path(figures_dir or _parameters["figures_dir"] or repo_root() / "paper_figures" / notebook)
     figures.mkdir(parents=True, exist_ok=True)
     setup()
     return Context(platform, results_dir, figures)

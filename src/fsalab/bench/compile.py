@@ -31,6 +31,7 @@ import time
 
 import torch
 
+from .. import settings
 from .ops import direction_callable
 from .points import KernelPoint
 from .provenance import detect_platform
@@ -52,7 +53,7 @@ def _target(p: KernelPoint, repeats: int) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bound = ops.bind(p.op, p.impl, p.options)
     inputs = make_inputs(p, device, need_indices=bound.need_indices)
-    os.environ["FSALAB_VALUE_CHECKS"] = "0"
+    settings.configure(value_checks=False)
     _sync(device)
     start = time.perf_counter()
     fn = direction_callable(bound, inputs, p.direction, p.seed)
@@ -69,9 +70,11 @@ def _target(p: KernelPoint, repeats: int) -> dict:
 
 
 def _child(p: KernelPoint, repeats: int, cache_dir: str) -> dict:
-    """One child process on Triton cache ``cache_dir``; its result, or RuntimeError."""
+    """One child process on Triton cache ``cache_dir``; its result, or RuntimeError. The child
+    runs with this process's settings (dispatch, autotune)."""
     env = {**os.environ, "TRITON_CACHE_DIR": cache_dir, "FSALAB_DISPATCH_CACHE": ""}
-    cmd = [sys.executable, "-m", "fsalab.bench.compile", "--target", json.dumps(dict(p)), "--repeats", str(repeats)]
+    cmd = [sys.executable, "-m", "fsalab.bench.compile", "--target", json.dumps(dict(p)), "--repeats", str(repeats),
+           *settings.as_arguments()]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, check=False)  # status read below
     lines = [line for line in out.stdout.splitlines() if line.startswith(RESULT_TAG)]
     if out.returncode != 0 or not lines:
@@ -106,5 +109,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="internal: the process whose first call is timed")
     ap.add_argument("--target", required=True, help="the point as JSON")
     ap.add_argument("--repeats", type=int, default=3, help="steady (cached) calls timed after the first")
+    settings.add_arguments(ap)
     args = ap.parse_args()
+    settings.apply_arguments(args)
     print(RESULT_TAG + json.dumps(_target(KernelPoint(**json.loads(args.target)), args.repeats)), flush=True)

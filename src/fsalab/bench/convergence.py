@@ -275,7 +275,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
         lm = opt = None  # drop references before freeing the cache
         release(device)
     row["elapsed_s"] = round(time.time() - started, 3)
-    row["provenance"] = provenance()
+    row["provenance"] = provenance(platform)
     return row
 
 

@@ -39,7 +39,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..checks import value_checks_off
+from .. import settings
 from .decode_points import NSA_IMPLS
 from .inputs import device_randn
 from .points import DTYPES, nsa_config
@@ -495,7 +495,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
     try:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)  # the row's peak is this point's, not the process's
-        with value_checks_off():
+        with settings.override(value_checks=False):
             _RUNNERS[p["op"]](p, exp, device, DTYPES[p["dtype"]], row)
         if device.type == "cuda" and row.get("peak_mem_gib") is None:
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30

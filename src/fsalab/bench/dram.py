@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .. import theory
+from .. import settings, theory
 from .points import KernelPoint
 from .provenance import detect_platform
 from .rows import fail_row, finish_row, kernel_row
@@ -98,7 +98,7 @@ def _target(p: KernelPoint) -> None:
     device = torch.device("cuda")
     bound = ops.bind(p.op, p.impl, p.options)
     inputs = make_inputs(p, device, need_indices=bound.need_indices)
-    os.environ["FSALAB_VALUE_CHECKS"] = "0"
+    settings.configure(value_checks=False)
     # The direction's work alone: for bwd the forward runs (once) outside the profiled range.
     fn = ops.direction_callable(bound, inputs, p.direction, p.seed)
     fn()
@@ -120,7 +120,7 @@ def run_point(p: KernelPoint, exp: dict, device: torch.device, platform: str | N
             raise NotImplementedError("DRAM traffic needs a CUDA device and Nsight Compute (ncu)")
         cmd = [ncu, "--clock-control", "none", "--metrics", ",".join(METRICS), "--csv",
                "--profile-from-start", "off", "--target-processes", "all",
-               sys.executable, "-m", "fsalab.bench.dram", "--target", json.dumps(dict(p))]
+               sys.executable, "-m", "fsalab.bench.dram", "--target", json.dumps(dict(p)), *settings.as_arguments()]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)  # status read below
         kernels = parse_ncu_csv(out.stdout)
         if out.returncode != 0 or not kernels:
@@ -141,4 +141,7 @@ def run_point(p: KernelPoint, exp: dict, device: torch.device, platform: str | N
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="internal: the process ncu profiles")
     ap.add_argument("--target", required=True, help="the point as JSON")
-    _target(KernelPoint(**json.loads(ap.parse_args().target)))
+    settings.add_arguments(ap)
+    args = ap.parse_args()
+    settings.apply_arguments(args)
+    _target(KernelPoint(**json.loads(args.target)))

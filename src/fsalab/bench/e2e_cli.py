@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from .. import settings
 from .budget import budget_for
 from .grid import expand, load_experiment
 from .points import DTYPES, E2E_DEFAULTS, e2e_point_id
@@ -57,6 +58,7 @@ def add_point_args(ap: argparse.ArgumentParser) -> None:
                     help="YAML/JSON mapping of config fields to replace (tiny test models)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed runs before timing (default: the experiment's)")
     ap.add_argument("--repeats", type=int, default=None, help="timed runs (default: the experiment's)")
+    settings.add_arguments(ap)
 
 
 def parser(op: str, description: str = "") -> argparse.ArgumentParser:
@@ -78,6 +80,7 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
     doc = sys.modules[runner.__module__].__doc__ or ""
     ap = parser(op, doc.split("\n\n")[0])
     args = ap.parse_args(argv)
+    settings.apply_arguments(args)
     device = fsdp.setup_device()  # first: selects the Triton interpreter before triton is imported
     from .provenance import detect_platform
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..checks import value_checks_off
+from .. import settings
 from . import flops, grid, ops
 from .budget import budget_for
 from .check import check
@@ -49,7 +49,7 @@ def run_point(p: KernelPoint, exp: dict, device: torch.device, platform: str | N
                                  check_cfg.get("factor", 2.0), p.seed)
         else:
             row["check"] = {"status": "skipped"}
-        with value_checks_off():
+        with settings.override(value_checks=False):
             fn = ops.direction_callable(bound, inputs, p.direction, p.seed)
             t = measure(
                 fn, device, timing_cfg.get("method", "auto"), timing_cfg.get("warmup_ms", 25),

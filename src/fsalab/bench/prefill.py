@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from ..checks import value_checks_off
+from .. import settings
 from .e2e_cli import run_cli
 from .layer_split import layer_part_times, split_columns
 from .model_build import build_patched_model, linear_params, random_batch, release
@@ -62,7 +62,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
                 logits = lm(input_ids=ids, use_cache=False, logits_to_keep=1).logits
             last.append(logits)
 
-        with value_checks_off():
+        with settings.override(value_checks=False):
             t, peak = timed_steps_with_peak(prefill, device, timing)
             finite = bool(torch.isfinite(last[-1]).all())
             last.clear()
@@ -101,7 +101,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
         lm = None
         release(device)
     row["elapsed_s"] = round(time.time() - started, 3)
-    row["provenance"] = provenance()
+    row["provenance"] = provenance(platform)
     return row
 
 

@@ -59,7 +59,7 @@ def platform_from_gpu_name(name: str) -> str:
 
 
 def machine_platform() -> str:
-    """The platform of the hardware this process runs on, ignoring ``$FSALAB_PLATFORM``: the GPU's
+    """The platform of the hardware this process runs on, whatever ``--platform`` names: the GPU's
     (``h200``, ...) or ``cpu``. Rows carry it (``provenance.machine``) so that a result folder
     never takes rows measured on another machine (``check_destination``)."""
     name = gpu_name()
@@ -122,11 +122,8 @@ def check_destination(row: dict, platform: str, existing: dict | None = None, fo
 
 
 def detect_platform() -> str:
-    """Platform name used in ``results/<platform>/``: ``$FSALAB_PLATFORM`` if set, else the GPU
-    (``h200``, ``a100``, ...), else ``cpu-interpret`` (Triton interpreter) or ``cpu``."""
-    override = os.environ.get("FSALAB_PLATFORM")
-    if override:
-        return override
+    """Platform name used in ``results/<platform>/`` unless a runner is given one (``--platform``):
+    the GPU's (``h200``, ``a100``, ...), else ``cpu-interpret`` (Triton interpreter) or ``cpu``."""
     name = gpu_name()
     if name is not None:
         return platform_from_gpu_name(name)
@@ -180,12 +177,13 @@ def _driver_version() -> str | None:
     return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
 
 
-def provenance() -> dict:
-    """Machine, software and code state, JSON-serialisable."""
+def provenance(platform: str | None = None) -> dict:
+    """Machine, software and code state, JSON-serialisable; ``platform``: the results folder the
+    row goes to (default: ``detect_platform()``)."""
     import torch
 
     info = {
-        "platform": detect_platform(),
+        "platform": platform or detect_platform(),
         "machine": machine_platform(),
         "hostname": _platform.node(),
         "python": _platform.python_version(),

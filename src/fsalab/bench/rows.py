@@ -110,7 +110,7 @@ def fail_row(row: dict, exc: BaseException) -> dict:
 def finish_row(row: dict, started: float) -> dict:
     """``row`` with its wall time since ``started`` (``time.time()``) and its provenance."""
     row["elapsed_s"] = round(time.time() - started, 3)
-    row["provenance"] = provenance()
+    row["provenance"] = provenance(row.get("platform"))
     return row
 
 
@@ -124,7 +124,7 @@ def failure_row(p: dict, platform: str, exc: BaseException) -> dict:
         row["h"] = p["h_kv"] * p["g"]
     fail_row(row, exc)
     row["traceback"] = "".join(traceback.format_exception(exc))[-4000:]
-    row["provenance"] = provenance()
+    row["provenance"] = provenance(platform)
     return row
 
 

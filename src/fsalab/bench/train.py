@@ -31,7 +31,7 @@ import time
 import torch
 from torch import nn
 
-from ..checks import value_checks_off
+from .. import settings
 from .e2e_cli import run_cli
 from .layer_split import layer_part_times, split_columns
 from .model_build import CausalLMLoss, build_patched_model, enable_checkpointing, linear_params, random_batch, release
@@ -105,7 +105,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
             opt.zero_grad(set_to_none=True)
             losses.append(loss.detach())
 
-        with value_checks_off():
+        with settings.override(value_checks=False):
             t, peak = timed_steps_with_peak(step, device, timing)
             final_loss = float(losses[-1])
             # AdamW alone (gradients present), to scale it to the full parameter count.
@@ -143,7 +143,7 @@ def run_point(p: dict, exp: dict, device: torch.device, platform: str | None = N
         model = lm = opt = None  # drop references before freeing the cache
         release(device)
     row["elapsed_s"] = round(time.time() - started, 3)
-    row["provenance"] = provenance()
+    row["provenance"] = provenance(platform)
     return row
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from ..checks import value_checks_off
+from .. import settings
 from . import flops, grid, ops
 from .check import check
 from .inputs import attended_keys, compressed_branch, input_key, make_inputs
@@ -180,7 +180,7 @@ def run_group(points: list[KernelPoint], exp: dict, device: torch.device, platfo
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    elapsed, prov = round(time.time() - started, 3), provenance()
+    elapsed, prov = round(time.time() - started, 3), provenance(platform)
     for row in rows.values():
         row.update(elapsed_s=elapsed, provenance=prov, group=group_label(p0))
     return [rows[p.id] for p in points]
@@ -226,7 +226,7 @@ def _measure_group(points, rows, device, method, rounds, warmup, timing_cfg, che
             branches = _branch_callables(parts, x, x.tensors, do, direction)
         except Exception as exc:  # noqa: BLE001
             split_error = f"{type(exc).__name__}: {exc}"[:2000]
-    with value_checks_off():
+    with settings.override(value_checks=False):
         timed = interleaved({**contenders, **{f"split:{k}": f for k, f in branches.items()}}, device, method,
                             rounds, warmup)
         for pid, fn in contenders.items():

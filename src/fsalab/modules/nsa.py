@@ -134,7 +134,7 @@ class NativeSparseAttention(nn.Module):
             check_lengths(lengths, batch, seq, x.device)
             # Padding tokens form sequences of their own, so no host sync is needed to pack. Bad
             # lengths are reported above; the clamp only keeps the packing in bounds when value
-            # checks are off (FSALAB_VALUE_CHECKS=0).
+            # checks are off (the setting value_checks=False).
             ends = starts[:-1] + lengths.to(torch.int32).clamp(0, seq)
             cu = torch.stack([starts[:-1], ends], dim=1).flatten()
             cu = torch.cat([cu, starts[-1:]])

@@ -2,17 +2,21 @@
 
 - ``INTERPRET`` / ``interpreting()``: kernels run through the Triton interpreter
   (``TRITON_INTERPRET=1``, the CPU test path), read once at import.
-- ``TUNE``: autotuning is on (a GPU, and ``FSALAB_AUTOTUNE`` is not ``0``).
 - ``autotune(configs, key, ...)``: the decorator every autotuned kernel uses, with one behaviour:
 
-  ============================  ===============================================================
-  interpreter                   the bare kernel; each launch passes its (small) interpreter tiles
-                                (``interpreter_meta``)
-  GPU                           ``triton.autotune``: every config that survives ``prune`` timed
-                                once per key
-  GPU, ``FSALAB_AUTOTUNE=0``    no timing: the config ``untuned`` picks for the launch, or else
-                                the first config that survives ``prune`` (for short GPU test runs)
-  ============================  ===============================================================
+  ======================================  =====================================================
+  interpreter                             the bare kernel; each launch passes its (small)
+                                          interpreter tiles (``interpreter_meta``)
+  GPU                                     ``triton.autotune``: every config that survives
+                                          ``prune`` timed once per key
+  GPU, ``settings.autotune`` False        no timing: the config ``untuned`` picks for the
+                                          launch, or else the first config that survives
+                                          ``prune`` (for short GPU test runs)
+  ======================================  =====================================================
+
+  The GPU rows are chosen per launch from ``fsalab.settings`` (``configure(autotune=False)``,
+  ``--no-autotune``), not when the kernel is defined: the kernels are defined when ``fsalab.ops``
+  is imported, before a program's settings are known.
 
 - ``LOG2E``, ``LN2`` (Python floats, for host-side scales) and ``LOG2E_C``, ``LN2_C``
   (``tl.constexpr``, for kernels): exp2/log2 conversions of the online softmaxes.
@@ -32,8 +36,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import settings
+
+# Read once: Triton too picks interpreter or compiler when a kernel is defined, not per launch.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-TUNE = not INTERPRET and os.environ.get("FSALAB_AUTOTUNE", "1") != "0"
 
 LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
@@ -88,8 +94,26 @@ def interpreter_meta(**tiles) -> dict:
     return tiles if INTERPRET else {}
 
 
-def _no_timing(kernel_call, quantiles):
+def _bench(kernel_call, quantiles):
+    """Triton's own timing while ``settings.autotune`` is on; none (every config ties) otherwise."""
+    if settings.current.autotune:
+        return triton.testing.do_bench(kernel_call, quantiles=quantiles)
     return [0.0] * len(quantiles)
+
+
+class _TuningCache(dict):
+    """An autotuner's choices (tuning key -> config), kept apart per ``settings.autotune``: a key
+    first launched with autotuning off holds an untimed config, which must not stand for the
+    tuned one once autotuning is on (nor the other way round)."""
+
+    def __contains__(self, key) -> bool:
+        return super().__contains__((settings.current.autotune, key))
+
+    def __getitem__(self, key):
+        return super().__getitem__((settings.current.autotune, key))
+
+    def __setitem__(self, key, config) -> None:
+        super().__setitem__((settings.current.autotune, key), config)
 
 
 def autotune(
@@ -102,12 +126,14 @@ def autotune(
     """Decorator of an autotuned kernel (the table in the module docstring).
 
     prune(configs, named_args, **kwargs) -> configs: Triton's ``early_config_prune``.
-    untuned({**named_args, **kwargs}) -> Config: the config of a launch when FSALAB_AUTOTUNE=0
-    (default: the first config ``prune`` keeps). Other keyword arguments go to
-    ``triton.autotune`` (``reset_to_zero``, ...).
+    untuned({**named_args, **kwargs}) -> Config: the config of a launch while
+    ``settings.autotune`` is off (default: the first config ``prune`` keeps). Other keyword
+    arguments go to ``triton.autotune`` (``reset_to_zero``, ...).
     """
 
-    def first(configs_, named_args, **kw):
+    def chosen(configs_, named_args, **kw):
+        if settings.current.autotune:
+            return list(prune(configs_, named_args, **kw) if prune else configs_)
         if untuned is not None:
             return [untuned({**named_args, **kw})]
         return list(prune(configs_, named_args, **kw) if prune else configs_)[:1]
@@ -115,11 +141,10 @@ def autotune(
     def wrap(fn):
         if INTERPRET:
             return fn
-        if TUNE:
-            pruning = {"early_config_prune": prune} if prune else None
-            return triton.autotune(configs, key=key, prune_configs_by=pruning, **kwargs)(fn)
-        return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": first},
-                               do_bench=_no_timing, **kwargs)(fn)
+        tuner = triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": chosen}, do_bench=_bench,
+                                **kwargs)(fn)
+        tuner.cache = _TuningCache()
+        return tuner
 
     return wrap
 

@@ -40,7 +40,7 @@ goes to the scratch row instead of being filtered on the host. The step's op-by-
 (``append``, ``new_compressed``, ``write_compressed``) serve the fp32 reference step
 (``reference.append_token``); the Triton step does the same in two kernels
 (``step.append_token``), which skip the compressed-token writes that must not land. A full cache is reported before
-anything is written (ValueError on CPU, a device-side assert on CUDA; ``FSALAB_VALUE_CHECKS=0``
+anything is written (ValueError on CPU, a device-side assert on CUDA; ``value_checks=False``
 skips the check and the token goes to scratch), so a rejected call corrupts nothing.
 """
 

@@ -8,9 +8,10 @@ the winners are cached in memory and on disk. Forward and backward are chosen in
 both kernel families read and write the same (o, lse), so e.g. FSA's forward can feed NSA's
 backward (``_Composed``). Later calls with the same key only look the winners up.
 
-Environment:
-- ``FSALAB_DISPATCH=rules`` skips profiling and applies the fixed rules below.
-- ``FSALAB_DISPATCH_CACHE=/path/file.json`` relocates the disk cache (default:
+Settings:
+- ``fsalab.settings.configure(dispatch="rules")`` (``--dispatch rules`` on the runners) skips
+  profiling and applies the fixed rules below.
+- ``FSALAB_DISPATCH_CACHE=/path/file.json`` (environment) relocates the disk cache (default:
   ``$XDG_CACHE_HOME/fsalab/dispatch.json``, i.e. ``~/.cache/fsalab/dispatch.json``);
   ``FSALAB_DISPATCH_CACHE=`` (empty) keeps the cache in memory only.
 
@@ -29,13 +30,14 @@ from pathlib import Path
 
 import torch
 
+from ... import settings
 from ...checks import check_kernel_call
 from ..library import grads_like, lse_like, op_or
 from .index import SelectionIndex, build_selection_index, empty_index
 
 CANDIDATES = ("fsa", "nsa")
 _MODULES = {"fsa": "fsalab.ops.selected.fsa", "nsa": "fsalab.ops.selected.nsa"}
-# Without profiling (CPU, or FSALAB_DISPATCH=rules), from the measured kernels
+# Without profiling (CPU, or the setting dispatch="rules"), from the measured kernels
 # (docs/performance.md, "Selected attention"): FSA's forward is fastest or tied at every g up to
 # 16; FSA's backward wins up to g = 8; NSA's at g = 16, where a token's heads fill the MMA rows.
 RULE_MAX_G_FOR_FSA_BWD = 8
@@ -251,7 +253,7 @@ def choose(q, k, v, block_idx, cu_seqlens, block_size, scale=None, grad: bool | 
     Inputs contiguous; ``scale`` a float or None (1/sqrt(d)); ``grad`` as in ``shape_key`` (the
     ops pass it: their inputs never require gradients)."""
     g = q.shape[1] // k.shape[1]
-    if q.device.type != "cuda" or os.environ.get("FSALAB_DISPATCH", "profile") == "rules":
+    if q.device.type != "cuda" or settings.current.dispatch == "rules":
         return rule(g)
     key = shape_key(q, k, v, block_idx, block_size, grad)
     if key not in _memory:

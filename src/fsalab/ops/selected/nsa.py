@@ -47,7 +47,7 @@ def _prune(configs, named_args, **kwargs):
 
 
 def _fixed_config(block_d: int, block_size: int, kv_outer: bool) -> triton.Config:
-    """The config of a launch that is not autotuned (interpreter, FSALAB_AUTOTUNE=0): one that fits
+    """The config of a launch that is not autotuned (interpreter, ``settings.autotune`` off): one that fits
     any shape on sm_80+.
 
     Query-outer kernels: BLOCK_N = 64 keys (32 for d > 128), 4 warps, two stages. The KV-outer

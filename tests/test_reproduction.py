@@ -372,75 +372,30 @@ def test_versus_findings_name_the_eager_only_losses():
     assert lines[1] == "(rows of commit abcdef0)"
 
 
-def _rerun_scratch_repo(tmp_path):
-    """A scratch repository with the re-run scripts and three committed kernel point files of
-    commit 1111111, all three moved aside by ``results.supersede`` (uncommitted; superseded/ is
-    ignored), then point c measured again. Returns (repo, kernel folder, git runner)."""
-    import shutil
-    import subprocess
+def test_restore_puts_back_only_the_points_not_measured_again(tmp_path, capsys):
+    """``fsalab restore`` after a re-run: of three points set aside by ``results.supersede``, one
+    was measured again (its new file stays); the other two come back from superseded/ unchanged,
+    point a from its newest copy (a copy set aside earlier stays aside). Git plays no part."""
+    from fsalab import cli
 
-    repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    for script in ("restore_unrun.sh", "commit_collected.sh"):
-        shutil.copy(ROOT / "scripts" / script, repo / "scripts")
-    kernel = repo / "results" / "h200" / "kernel"
+    kernel = tmp_path / "h200" / "kernel"
     kernel.mkdir(parents=True)
     for name in ("a", "b.v2", "c"):
-        (kernel / f"{name}.json").write_text(json.dumps({"point": name, "provenance": {"git_commit": "1111111aaa"}}))
-    (repo / ".gitignore").write_text("results/*/superseded/\n")  # as the repository's own
-
-    def git(*args):
-        ident = ["-c", "user.name=t", "-c", "user.email=t@t"]
-        return subprocess.run(["git", *ident, *args], cwd=repo, check=True, capture_output=True, text=True).stdout
-
-    git("init", "-q")
-    git("add", "-A")
-    git("commit", "-qm", "rows")
-    moves = results.supersede("h200", "2222222", repo / "results", ["kernel"])
-    assert len(moves) == 3 and not any(kernel.glob("*.json"))
+        row = {"point": name, "provenance": {"git_commit": "1111111aaa", "timestamp": "2026-12-01T00:00:00"}}
+        (kernel / f"{name}.json").write_text(json.dumps(row))
+    aside = tmp_path / "h200" / "superseded" / "kernel"
+    aside.mkdir(parents=True)
+    older = {"point": "a", "provenance": {"git_commit": "0000000", "timestamp": "2026-11-01T00:00:00"}}
+    (aside / "a.0000000.json").write_text(json.dumps(older))
+    assert len(results.supersede("h200", "2222222", tmp_path, ["kernel"])) == 3
     (kernel / "c.json").write_text('{"point": "c", "measured": "again"}')
-    return repo, kernel, git
-
-
-def _run_script(repo, *args):
-    import subprocess
-
-    return subprocess.run(["bash", *args], cwd=repo, capture_output=True, text=True)
-
-
-def test_restore_unrun_puts_back_only_the_moves_not_measured_again(tmp_path):
-    """scripts/restore_unrun.sh: of three points moved aside by ``results.supersede``, one was
-    measured again (its file exists anew) and stays re-measured; the other two come back from
-    superseded/ unchanged; a copy of point a set aside in an earlier session stays where it is."""
-    repo, kernel, _ = _rerun_scratch_repo(tmp_path)
-    aside = repo / "results" / "h200" / "superseded" / "kernel"
-    (aside / "a.0000000.json").write_text('{"point": "a", "older": true}')
-    out = _run_script(repo, "scripts/restore_unrun.sh")
-    assert out.returncode == 0 and "2 point files put back, 0 left out" in out.stdout
+    assert len(results.restore_unmeasured("h200", tmp_path, ["kernel"], dry_run=True)) == 2
+    assert sorted(p.name for p in kernel.iterdir()) == ["c.json"]  # a dry run moves nothing
+    assert cli.main(["restore", "--platform", "h200", "--results-dir", str(tmp_path), "--experiment", "kernel"]) == 0
+    assert "2 point files set aside and not measured again were put back" in capsys.readouterr().err
     assert json.loads((kernel / "a.json").read_text())["provenance"]["git_commit"] == "1111111aaa"
     assert (kernel / "b.v2.json").exists() and json.loads((kernel / "c.json").read_text())["measured"] == "again"
     assert sorted(p.name for p in aside.iterdir()) == ["a.0000000.json", "c.1111111.json"]
-
-
-def test_commit_collected_commits_the_measured_and_keeps_the_unrun_restorable(tmp_path):
-    """scripts/commit_collected.sh between device calls: it commits the point measured again, a
-    point measured for the first time and the table, but not the deletion of the two points still
-    set aside, which restore_unrun.sh then puts back."""
-    repo, kernel, git = _rerun_scratch_repo(tmp_path)
-    (kernel / "d.json").write_text('{"point": "d"}')
-    (repo / "results" / "h200" / "kernel.csv").write_text("point\nc\nd\n")
-    out = _run_script(repo, "scripts/commit_collected.sh", "h200", "-m", "measured rows")
-    assert out.returncode == 0, out.stderr
-    assert "committed 3 files; points measured again: 1; set aside, still to measure: 2" in out.stdout
-    assert sorted(git("show", "--name-status", "--format=", "HEAD").splitlines()) == [
-        "A\tresults/h200/kernel.csv",
-        "A\tresults/h200/kernel/d.json",
-        "M\tresults/h200/kernel/c.json",
-    ]
-    assert _run_script(repo, "scripts/commit_collected.sh", "h200", "-m", "nothing new").returncode == 1
-    out = _run_script(repo, "scripts/restore_unrun.sh")
-    assert out.returncode == 0 and "2 point files put back, 0 left out" in out.stdout
-    assert git("status", "--porcelain") == ""
 
 
 def _convergence_rows(twin_offset, span1_final):

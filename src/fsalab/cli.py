@@ -281,6 +281,18 @@ def cmd_supersede(args) -> int:
     return 0
 
 
+def cmd_restore(args) -> int:
+    from . import results
+
+    moves = results.restore_unmeasured(args.platform, args.results_dir, args.experiment, args.dry_run)
+    for copy, original in moves:
+        print(f"{copy} -> {original}")
+    verb = "would be" if args.dry_run else "were"
+    print(f"{len(moves)} point files set aside and not measured again {verb} put back; "
+          "re-aggregate with `fsalab aggregate`", file=sys.stderr)
+    return 0
+
+
 def cmd_collect(args) -> int:
     from . import results
 
@@ -543,6 +555,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the moves only")
     p.set_defaults(func=cmd_supersede)
 
+    p = sub.add_parser("restore", help="put back the point files supersede set aside that no run has measured again")
+    p.add_argument("--platform", required=True, help="the results/<platform>/ folder")
+    p.add_argument("--experiment", nargs="+", help="only these experiments (default: all)")
+    results_dir_arg(p)
+    p.add_argument("--dry-run", action="store_true", help="print the moves only")
+    p.set_defaults(func=cmd_restore)
+
     p = sub.add_parser("collect", help="add the point files of device calls' results.tgz this tree lacks, then "
                        "re-aggregate the experiments that gained rows")
     p.add_argument("archives", nargs="+", help="results.tgz files (scripts/gpu/pack_results.sh packs them)")
@@ -572,7 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, help="only rows of selection block size B_K")
     p.add_argument("--tflops", type=float, default=790.0, help="the GPU's dense bf16 MMA ceiling in TFLOP/s "
                    "(default: the H200's, measured)")
-    p.add_argument("--tbps", type=float, default=4.3, help="the GPU's copy ceiling in TB/s (default: the H200's, measured)")
+    p.add_argument("--tbps", type=float, default=4.3,
+                   help="the GPU's copy ceiling in TB/s (default: the H200's, measured)")
     p.set_defaults(func=cmd_floors)
 
     p = sub.add_parser("freshness", help="per artefact: fresh or stale, and the source files changed since its rows")

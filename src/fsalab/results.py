@@ -349,6 +349,34 @@ def supersede(platform: str, min_commit: str, results_dir: str | Path | None = N
     return moves
 
 
+def restore_unmeasured(platform: str, results_dir: str | Path | None = None, experiments: list[str] | None = None,
+                       dry_run: bool = False) -> list[tuple[str, str]]:
+    """Put back the rows ``supersede`` set aside whose point has not been measured again: for each
+    ``superseded/<experiment>/<point>.<commit>.json`` whose ``<experiment>/<point>.json`` is
+    missing, the newest such copy (by its row's timestamp) moves back, so the tables keep every
+    point until a re-run measures it. A point measured again keeps its new file. Returns
+    (set-aside, restored) paths."""
+    root = results_root(results_dir) / platform
+    newest: dict[Path, tuple[str, Path]] = {}
+    for experiment in experiments if experiments is not None else known_experiments():
+        for copy in sorted((root / SUPERSEDED / experiment).glob("*.json")):
+            original = root / experiment / f"{copy.name.removesuffix('.json').rsplit('.', 1)[0]}.json"
+            if original.exists():
+                continue
+            try:
+                row = json.loads(copy.read_text())
+            except (OSError, ValueError):
+                continue
+            stamp = str((row.get("provenance") or {}).get("timestamp") or "")
+            if original not in newest or stamp > newest[original][0]:
+                newest[original] = (stamp, copy)
+    moves = [(str(copy), str(original)) for original, (_, copy) in sorted(newest.items())]
+    if not dry_run:
+        for copy, original in moves:
+            Path(copy).replace(original)
+    return moves
+
+
 def collect(archives: list[str | Path], results_dir: str | Path | None = None,
             dry_run: bool = False) -> dict[str, list[str]]:
     """Copy the point files of device calls' ``results.tgz`` archives (the ``results/`` tree that

@@ -67,7 +67,8 @@ def measured_seconds(platform: str, experiment: str, results_dir: str | Path,
     root = Path(results_dir) / platform
     newest: dict[str, tuple[str, float]] = {}
     files = [(p.stem, p) for p in (root / experiment).glob("*.json")]
-    files += [(p.name.split(".")[0], p) for p in (root / SUPERSEDED / experiment).glob("*.json")]
+    aside = (root / SUPERSEDED / experiment).glob("*.json")  # <point>.<commit>.json
+    files += [(p.name.removesuffix(".json").rsplit(".", 1)[0], p) for p in aside]
     for pid, path in files:
         got = _measured(path, timing)
         if got is not None and (pid not in newest or got[0] > newest[pid][0]):

@@ -7,11 +7,10 @@
 set -uo pipefail
 exp=$1 nproc=$2 filter=$3 budget=$4
 shift 4
-case $exp in
-  train_fsdp) module=fsalab.bench.train ;;
-  prefill_tp) module=fsalab.bench.prefill ;;
-  *) echo "run_torchrun.sh: no multi-GPU runner for experiment '$exp'" >&2; exit 2 ;;
-esac
+# The runner comes from the experiment's YAML (`runner:`), as everywhere else.
+module=$(PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" python3 -c \
+  'import sys; from fsalab.bench import grid; print("fsalab.bench." + grid.load_experiment(sys.argv[1])["runner"])' \
+  "$exp") || { echo "run_torchrun.sh: no experiment '$exp'" >&2; exit 2; }
 gpus=$(nvidia-smi -L | wc -l)
 if (( nproc > gpus )); then
   echo "run_torchrun.sh: $nproc ranks asked, $gpus GPUs here" >&2; exit 2

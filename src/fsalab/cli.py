@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from . import settings
+from .bench.flops import H200_CEILINGS
 
 
 def _prepare_device():
@@ -589,9 +590,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--N", type=int, help="only rows of N tokens per sequence")
     p.add_argument("--g", type=int, help="only rows of GQA group size g")
     p.add_argument("--block-size", type=int, help="only rows of selection block size B_K")
-    p.add_argument("--tflops", type=float, default=790.0, help="the GPU's dense bf16 MMA ceiling in TFLOP/s "
-                   "(default: the H200's, measured)")
-    p.add_argument("--tbps", type=float, default=4.3,
+    p.add_argument("--tflops", type=float, default=H200_CEILINGS["tflops"],
+                   help="the GPU's dense bf16 MMA ceiling in TFLOP/s (default: the H200's, measured)")
+    p.add_argument("--tbps", type=float, default=H200_CEILINGS["tbps"],
                    help="the GPU's copy ceiling in TB/s (default: the H200's, measured)")
     p.set_defaults(func=cmd_floors)
 

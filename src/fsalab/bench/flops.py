@@ -7,6 +7,8 @@ FlashAttention's convention: 5 matmuls against 2), applied to the whole op.
 
 from __future__ import annotations
 
+# Ceilings measured on the H200: dense bf16 MMA (TFLOP/s) and a device-to-device copy (TB/s).
+H200_CEILINGS = {"tflops": 790.0, "tbps": 4.3}
 # Backward costs 2.5x the forward (FlashAttention's convention: 5 matmuls against 2).
 DIRECTION_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 

@@ -14,7 +14,7 @@ import math
 import pandas as pd
 
 from .. import results
-from ..bench.flops import compulsory_bytes
+from ..bench.flops import H200_CEILINGS, compulsory_bytes
 from ..ops.impls import FULL_ATTENTION_IMPLS
 
 SHAPE_KEYS = ["direction", "N", "batch", "h_kv", "g", "d", "dtype"]
@@ -124,11 +124,8 @@ def branch_breakdown(df: pd.DataFrame, impls=("fsa", "nsa")) -> pd.DataFrame:
     return out
 
 
-# Ceilings measured on the H200: dense bf16 MMA and a device-to-device copy.
-H200_CEILINGS = {"tflops": 790.0, "tbps": 4.3}
-
-
-def floors(df: pd.DataFrame, tflops: float = H200_CEILINGS["tflops"], tbps: float = H200_CEILINGS["tbps"]) -> pd.DataFrame:
+def floors(df: pd.DataFrame, tflops: float = H200_CEILINGS["tflops"],
+           tbps: float = H200_CEILINGS["tbps"]) -> pd.DataFrame:
     """Each ok row's floor beside its time: its useful FLOPs at ``tflops`` (TFLOP/s) and its
     compulsory bytes (``bench.flops.compulsory_bytes``) at ``tbps`` (TB/s); ``floor_ms`` is the
     larger, ``of_floor`` the measured median over it (1.0 = at the ceiling)."""

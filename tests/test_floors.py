@@ -8,26 +8,24 @@ import pytest
 
 from fsalab import cli
 from fsalab.bench.flops import compulsory_bytes
-from fsalab.config import NSAConfig
 from fsalab.reproduction.metrics import floors
 
-CFG = NSAConfig(kernel_size=8, kernel_stride=4, block_size=16, topk=2, init_blocks=1, local_blocks=1, window_size=8)
 
 
 def test_compulsory_bytes_count_each_input_and_output_once():
     # n = 4 tokens, h = 2 query heads, 1 KV head, d = 8, bf16: q = o = 128 B, k + v = 128 B,
-    # lse = 32 B (fp32), block indices 4 x 1 x 2 int32 = 32 B.
-    assert compulsory_bytes("window", "fwd", 4, 2, 1, 8, CFG) == 128 + 128 + 128 + 32
-    assert compulsory_bytes("selected", "fwd", 4, 2, 1, 8, CFG) == 128 + 128 + 128 + 32 + 32
+    # lse = 32 B (fp32), block indices 4 x 1 x 2 int32 = 32 B (kernel size 8, top-T 2).
+    assert compulsory_bytes("window", "fwd", 4, 2, 1, 8, 8, 2) == 128 + 128 + 128 + 32
+    assert compulsory_bytes("selected", "fwd", 4, 2, 1, 8, 8, 2) == 128 + 128 + 128 + 32 + 32
     # Backward: read q, k, v, o, do, lse; write dq, dk, dv.
-    assert compulsory_bytes("window", "bwd", 4, 2, 1, 8, CFG) == 2 * (128 + 128) + 2 * 128 + 32
-    both = compulsory_bytes("full_attention", "fwd+bwd", 4, 2, 1, 8, CFG)
-    assert both == compulsory_bytes("full_attention", "fwd", 4, 2, 1, 8, CFG) + compulsory_bytes(
-        "full_attention", "bwd", 4, 2, 1, 8, CFG)
+    assert compulsory_bytes("window", "bwd", 4, 2, 1, 8, 8, 2) == 2 * (128 + 128) + 2 * 128 + 32
+    both = compulsory_bytes("full_attention", "fwd+bwd", 4, 2, 1, 8, 8, 2)
+    assert both == compulsory_bytes("full_attention", "fwd", 4, 2, 1, 8, 8, 2) + compulsory_bytes(
+        "full_attention", "bwd", 4, 2, 1, 8, 8, 2)
     # The whole attention reads the compression maps (2 l d d + l d) and the gates [n, h, 3].
     maps, gates = (2 * 8 * 8 * 8 + 8 * 8) * 2, 4 * 2 * 3 * 2
-    assert compulsory_bytes("nsa_attention", "fwd", 4, 2, 1, 8, CFG) == 128 + 128 + maps + gates + 128
-    assert compulsory_bytes("window", "fwd", 4, 2, 1, 8, CFG, elem_bytes=4) == 256 + 256 + 256 + 32
+    assert compulsory_bytes("nsa_attention", "fwd", 4, 2, 1, 8, 8, 2) == 128 + 128 + maps + gates + 128
+    assert compulsory_bytes("window", "fwd", 4, 2, 1, 8, 8, 2, elem_bytes=4) == 256 + 256 + 256 + 32
 
 
 def _row(**kw):
@@ -43,7 +41,7 @@ def test_floor_is_the_larger_of_the_flop_and_byte_floors():
     assert len(out) == 2  # the failed row has no time to set beside a floor
     assert out.loc[0, "flop_floor_ms"] == pytest.approx(1.0)  # 790 GFLOP at 790 TFLOP/s
     assert out.loc[0, "floor_ms"] == pytest.approx(1.0) and out.loc[0, "of_floor"] == pytest.approx(2.0)
-    byte_ms = compulsory_bytes("window", "fwd", 2**20, 16, 4, 128, CFG) / 4.3e12 * 1e3
+    byte_ms = compulsory_bytes("window", "fwd", 2**20, 16, 4, 128, 8, 2) / 4.3e12 * 1e3
     assert out.loc[1, "floor_ms"] == pytest.approx(byte_ms)  # byte-bound: FLOPs negligible
 
 

@@ -53,7 +53,8 @@ def causal_attention_flops(n: int, h: int, d: int, batch: int = 1) -> float:
     return 4.0 * d * h * batch * n * (n + 1) / 2
 
 
-def compulsory_bytes(op: str, direction: str, n: int, h: int, h_kv: int, d: int, cfg, elem_bytes: int = 2) -> float:
+def compulsory_bytes(op: str, direction: str, n: int, h: int, h_kv: int, d: int, kernel_size: int, topk: int,
+                     elem_bytes: int = 2) -> float:
     """DRAM bytes an op cannot avoid: each input read once and each output written once.
 
     Attention kernels (selected, window, full_attention, compressed) read q [n, h, d] and k, v
@@ -69,8 +70,8 @@ def compulsory_bytes(op: str, direction: str, n: int, h: int, h_kv: int, d: int,
     q = o = n * h * d * elem_bytes
     kv = 2 * n * h_kv * d * elem_bytes
     lse = n * h * 4
-    idx = n * h_kv * cfg.topk * 4
-    maps = (2 * cfg.kernel_size * d * d + cfg.kernel_size * d) * elem_bytes
+    idx = n * h_kv * topk * 4
+    maps = (2 * kernel_size * d * d + kernel_size * d) * elem_bytes
     gates = n * h * 3 * elem_bytes
     if op == "nsa_attention":
         fwd = q + kv + maps + gates + o

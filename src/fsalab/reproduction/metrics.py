@@ -134,7 +134,7 @@ def floors(df: pd.DataFrame, tflops: float = H200_CEILINGS["tflops"],
     out = ok[[c for c in cols if c in ok.columns]].copy()
     out["compulsory_bytes"] = [
         compulsory_bytes(r.op, r.direction, int(r.N) * int(r.batch), int(r.h), int(r.h_kv), int(r.d),
-                         _Shape(int(r.kernel_size), int(r.topk)), 4 if r.dtype == "float32" else 2)
+                         int(r.kernel_size), int(r.topk), 4 if r.dtype == "float32" else 2)
         for r in ok.itertuples()
     ]
     out["flop_floor_ms"] = pd.to_numeric(out["useful_flops"], errors="coerce") / (tflops * 1e12) * 1e3
@@ -142,13 +142,6 @@ def floors(df: pd.DataFrame, tflops: float = H200_CEILINGS["tflops"],
     out["floor_ms"] = out[["flop_floor_ms", "byte_floor_ms"]].max(axis=1)
     out["of_floor"] = out["median_ms"] / out["floor_ms"]
     return out.reset_index(drop=True)
-
-
-class _Shape:
-    """What ``compulsory_bytes`` reads of a config: the compression kernel size and top-T."""
-
-    def __init__(self, kernel_size: int, topk: int):
-        self.kernel_size, self.topk = kernel_size, topk
 
 
 def ablation_slowdowns(df: pd.DataFrame, base_label: str = "FSA") -> pd.DataFrame:

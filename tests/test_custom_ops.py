@@ -22,6 +22,7 @@ from fsalab.checks import check_cu_seqlens
 from fsalab.config import NSAConfig
 from fsalab.modules import NativeSparseAttention
 from fsalab.ops import flash
+from fsalab.ops.attention import _forward as nsa_attention_forward
 from fsalab.ops.compression.compress_kv import _forward as compress_forward
 from fsalab.ops.gate import fused as gate
 from fsalab.ops.selected import dispatch, fsa, nsa
@@ -109,6 +110,17 @@ def _op_args(name: str) -> tuple:
     if name == "selected_attention_auto_backward":
         o, lse, index = dispatch._forward_chosen(*selection, True)
         return do, None, q, k, v, o, lse, block_idx, cu, index, CFG.block_size, SCALE
+    if name in ("nsa_attention", "nsa_attention_backward"):
+        k, v, w_k, w_v, pe, cu, *_ = _compression_args()
+        gen = torch.Generator().manual_seed(3)
+        angles = torch.randn(q.shape[0], 8, generator=gen)
+        emb = torch.cat([angles, angles], dim=-1)
+        args = (q, k, v, w_k, w_v, pe, torch.randn(*q.shape[:2], 3, generator=gen).to(DTYPE), cu,
+                emb.cos().to(DTYPE), emb.sin().to(DTYPE))
+        if name == "nsa_attention":
+            return *args, CFG.as_ints(), "fsa", True
+        o, saved = nsa_attention_forward(*args, CFG.as_ints(), "fsa", True)
+        return do, *args, saved, CFG.as_ints(), "fsa", True, True
     if name in ("gated_sum", "gated_sum_backward"):
         outs = [torch.randn_like(q) for _ in range(3)]
         logits = torch.randn(*q.shape[:2], 3, dtype=DTYPE)
@@ -126,7 +138,7 @@ def test_the_namespace_holds_the_ops():
         "flash_attention", "flash_attention_backward", "compressed_offsets", "compress_kv", "compress_kv_backward",
         "select_blocks", "selected_attention_nsa", "selected_attention_nsa_backward", "selected_attention_fsa",
         "selected_attention_fsa_backward", "selected_attention_auto", "selected_attention_auto_backward",
-        "gated_sum", "gated_sum_backward", "decode_append", "nsa_decode",
+        "gated_sum", "gated_sum_backward", "decode_append", "nsa_decode", "nsa_attention", "nsa_attention_backward",
     ])
 
 

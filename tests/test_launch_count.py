@@ -79,15 +79,20 @@ def test_launches_per_call(impl, direction, device):
 
 
 # Whole NSA attention (compression, compressed attention, selection, selected and window
-# attention, gates), impl -> (fwd, bwd) launches, Triton + aten ops. fsa forward: 10 + 19 before
-# the gated sum became one kernel per direction (ops/gate/fused.py), 11 + 13 after, 12 + 1 since the
-# compressed offsets are one kernel (compression.compressed_offsets; the aten op left is the
-# index's sort), 14 + 1 since FSA's forward keeps NaN/Inf values causal in two extra launches
-# (the blocks holding them flagged, their partials recomputed), so that its common path never
-# inspects V. Backward: 20 aten ops + 15 Triton, then 12 + 16 since the position-embedding
-# gradient is one kernel (its arange/lt/mul/sum/einsum/casts were 8 ops); the 12 left are
-# autograd's gradient sums over the three branches (6 adds) and zero fills (6).
-NSA_ATTENTION_LIMITS = {"fsa": (15, 28), "nsa": (8, 29)}
+# attention, gates; ``ops.attention.nsa_attention``), impl -> (fwd, bwd) launches, Triton + aten
+# ops. fsa forward: 10 + 19 before the gated sum became one kernel per direction (ops/gate/fused.py),
+# 11 + 13 after, 12 + 1 since the compressed offsets are one kernel (the aten op left is the index's
+# sort), 14 + 1 since FSA's forward keeps NaN/Inf values causal in two extra launches (the blocks
+# holding them flagged, their partials recomputed), so that its common path never inspects V.
+# Backward: 20 aten ops + 15 Triton, then 12 + 16 since the position-embedding gradient is one
+# kernel, then 0 + 16 since the whole attention is one autograd node whose branch kernels add
+# their dq/dk/dv into one set of buffers (the 12 were autograd's 6 gradient sums over the three
+# branches and 6 zero fills: two lse gradients, the compressed keys' padding rows, the
+# compression's uncovered tokens). NSA's backward builds the selection index (its sort is the
+# one aten op).
+NSA_ATTENTION_LIMITS = {"fsa": (15, 16), "nsa": (8, 17)}
+# aten ops the backward may launch: none but the index's sort (gradients are summed in the kernels).
+NSA_ATTENTION_BWD_ATEN = {"fsa": set(), "nsa": {"aten:sort"}}
 # Kernels every whole NSA attention call launches, forward and backward: compression, compressed
 # attention (ops/flash.py's kernels; the window's backend may be flash-attn's instead, on a GPU
 # that has it), block selection and the gated sum, plus the selected attention's own (REQUIRED).
@@ -131,6 +136,9 @@ def test_launches_per_nsa_attention_call(impl, device):
             fn()
         assert counter.total <= limit, dict(counter.counts)
         assert launched(required | REQUIRED[impl, direction], counter), dict(counter.counts)
+        if direction == "bwd":
+            aten = {name for name, n in counter.counts.items() if n and name.startswith("aten:")}
+            assert aten <= NSA_ATTENTION_BWD_ATEN[impl], dict(counter.counts)
 
 
 # A decode step of NSA attention (``attend_decode``: RoPE, append, compression, gate projection,

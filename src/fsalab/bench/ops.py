@@ -222,19 +222,25 @@ def nsa_parts(impl: str, options: dict | None = None) -> NSAParts:
 
 
 def _bind_nsa(impl: str, options: dict) -> BoundOp:
+    """The whole attention as users call it (``ops.attention.nsa_attention``, no RoPE): one
+    autograd node where every branch runs fsalab's kernels."""
     parts = nsa_parts(impl, options)
+    if set(options) - {"gate_impl"}:
+        raise Unsupported(f"nsa_attention takes only gate_impl as an option, got {sorted(options)}")
+    nsa_attention = _import("fsalab.ops.attention", "nsa_attention")
+    src = parts.sources
 
     def fn(x: Inputs):
         t = x.tensors
-        o_win = parts.window(t["q"], t["k"], t["v"], x.cu_seqlens, x.cfg.window_size)  # first: as the module
-        o_cmp, block_idx = _compress_and_select(parts.compression, x)
-        o_slc = parts.selected(t["q"], t["k"], t["v"], block_idx, x.cu_seqlens, x.cfg.block_size)
-        dt = o_cmp.dtype  # the reference window branch (CPU) returns fp32; the fused sum takes one dtype
-        return parts.gated_sum(o_cmp, o_slc.to(dt), o_win.to(dt), t["gate"]), block_idx
+        # The window's "auto" backend: flash-attn where usable, else fsalab's kernel (the
+        # module's "auto" would take the reference off CUDA).
+        window = src["window"] if x.device.type == "cuda" else ("reference" if impl == "reference" else "triton")
+        return nsa_attention(t["q"], t["k"], t["v"], t["w_k"], t["w_v"], t["pe"], t["gate"], x.cu_seqlens, x.cfg,
+                             None, src["compression"], impl, window, src["gate"], return_indices=True)
 
     # need_indices: the op selects its own blocks; the input-time selection only counts the
     # attended keys of its useful FLOPs (same compression path, same inputs).
-    return BoundOp("nsa_attention", impl, fn, _ref_nsa, True, parts.sources)
+    return BoundOp("nsa_attention", impl, fn, _ref_nsa, True, src)
 
 
 _BINDERS = {

@@ -96,13 +96,6 @@ class HeadNormProjection(nn.Module):
         return self.norm(y.unflatten(-1, (-1, self.head_dim))).flatten(-2)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE in HF's rotate-half convention; x [tokens, heads, d], cos/sin [tokens, d]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
-
-
 def nsa_attend(
     nsa: NativeSparseAttention,
     q: torch.Tensor,
@@ -122,7 +115,7 @@ def nsa_attend(
     Returns o [total, h, d] (before the output projection). ``cache``: filled for decode.
     """
     check_cu_seqlens(cu_seqlens, q.shape[0], x.device)
-    return nsa.attend(q, k, v, x, cu_seqlens, lambda t, index: rotate(t, cos[index], sin[index]), cache=cache)
+    return nsa.attend(q, k, v, x, cu_seqlens, (cos, sin), cache=cache)
 
 
 class NSAAttentionAdapter(nn.Module):

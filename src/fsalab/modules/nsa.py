@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from ..checks import check_cu_seqlens, check_lengths, check_tensor
 from ..config import NSAConfig
-from ..ops import (
-    COMPRESSION_IMPLS,
-    GATE_IMPLS,
-    WINDOW_IMPLS,
-    compression_ops,
-    gate_op,
-    selection_default,
-    window_op,
-)
+from ..ops import COMPRESSION_IMPLS, GATE_IMPLS, WINDOW_IMPLS
+from ..ops.attention import nsa_attention
 from ..ops.decode import DECODE_IMPLS, NSADecodeCache, decode_ops
 from ..ops.selected import IMPLS as SELECTION_IMPLS
-from ..ops.selected import selected_attention
-from ..varlen import compressed_index, local_positions, sequence_ids
-from .rope import apply_rope, rope_inv_freq
+from ..varlen import local_positions
+from .rope import rope_cos_sin, rope_inv_freq
 
 
 class NativeSparseAttention(nn.Module):
@@ -170,49 +161,26 @@ class NativeSparseAttention(nn.Module):
         v: torch.Tensor,
         x: torch.Tensor,
         cu_seqlens: torch.Tensor,
-        rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: NSADecodeCache | None = None,
     ) -> torch.Tensor:
-        """NSA's three branches and gates on projected q/k/v before RoPE; o [total, h, d].
+        """NSA's three branches and gates on projected q/k/v before RoPE; o [total, h, d]
+        (``ops.attention.nsa_attention``: one autograd node where every branch runs fsalab's kernels).
 
-        q [total, h, d], k/v [total, h_kv, d]; x [total, hidden] feeds the gates.
-        ``rotate(t, token_index)`` applies the rotary embedding of packed token ``token_index[i]``
-        to row i of t; the default is this module's RoPE at local positions. Compressed keys are
-        rotated at the first raw token of their window. ``cache``: filled with this prefill's
-        keys, values and compressed tokens (one sequence of cu_seqlens per cache row).
+        q [total, h, d], k/v [total, h_kv, d]; x [total, hidden] feeds the gates. ``rotary``:
+        (cos, sin) [total, d] in q's dtype, the rotary embedding of each packed token in the
+        rotate-half convention; the default is this module's RoPE at local positions. Compressed
+        keys are rotated at the first raw token of their window. ``cache``: filled with this
+        prefill's keys, values and compressed tokens (one sequence of cu_seqlens per cache row).
         """
         total, h, _ = q.shape
-        cfg = self.cfg
-        cmp = compression_ops(self.compression_impl, x.device)
-        k_cmp, v_cmp, cu_cmp = cmp.compress_kv(k, v, self.compress_k, self.compress_v, self.compress_pe, cu_seqlens, cfg)
-        k_cmp, v_cmp = k_cmp.to(q.dtype), v_cmp.to(q.dtype)
-        if rotate is None:
-            positions = local_positions(cu_seqlens, total)
-
-            def rotate(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-                return apply_rope(t, positions[index], self.inv_freq)
-
-        rows = k_cmp.shape[0]
-        seq = sequence_ids(cu_cmp, rows).clamp(max=cu_seqlens.numel() - 2)
-        window_start = (cu_seqlens.long()[seq] + compressed_index(cu_cmp, rows) * cfg.kernel_stride).clamp(0, max(total - 1, 0))
-        tokens = torch.arange(total, device=q.device)
-        k_plain = k
-        q, k, k_cmp = rotate(q, tokens), rotate(k, tokens), rotate(k_cmp, window_start)
-        if cache is not None:
-            cache.fill(k, k_plain, v, k_cmp, v_cmp, cu_seqlens)
-
-        # The window branch needs only q, k, v: launched first, its kernel runs while the host
-        # prepares the compression branch's launches (eager calls at g = 1 are host-bound up to ~32K).
-        o_win, _ = window_op(self.window_impl, x.device)(q, k, v, cu_seqlens, cfg.window_size)
-        o_cmp, lse_cmp = cmp.compressed_attention(q, k_cmp, v_cmp, cu_seqlens, cu_cmp, cfg)
-        block_idx = cmp.select_blocks(q, k_cmp, lse_cmp, cu_seqlens, cu_cmp, cfg)
-        # "auto" (and None) as for the other branches: the kernels on CUDA, the reference elsewhere.
-        selection = self.selection_impl if self.selection_impl not in (None, "auto") else selection_default(x.device)
-        # block_idx comes from select_blocks, whose output meets the index checks by construction.
-        o_slc, _ = selected_attention(q, k, v, block_idx, cu_seqlens, cfg.block_size, impl=selection,
-                                      check_indices=False)
+        if rotary is None:
+            rotary = rope_cos_sin(local_positions(cu_seqlens, total), self.inv_freq, q.dtype)
         gates = self.gate_proj(x).view(total, h, 3)
-        return gate_op(self.gate_impl, x.device)(o_cmp.to(q.dtype), o_slc.to(q.dtype), o_win.to(q.dtype), gates)
+        # The module's "auto" (and None) as for the other branches: the kernels on CUDA, the reference elsewhere.
+        selection = None if self.selection_impl == "auto" else self.selection_impl
+        return nsa_attention(q, k, v, self.compress_k, self.compress_v, self.compress_pe, gates, cu_seqlens, self.cfg,
+                             rotary, self.compression_impl, selection, self.window_impl, self.gate_impl, cache)
 
     # ------------------------------------------------------------------------------------------
     # Decode (DESIGN §9)

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from ..ops.attention import rotate
+
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
     """Inverse frequencies float32 [head_dim // 2].
@@ -34,11 +36,14 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> t
     return torch.where(medium, blended, out).float()
 
 
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [tokens, head_dim] in ``dtype`` of angle position * inv_freq (rotate-half
+    layout: each frequency twice); positions int [tokens]."""
+    angles = positions.to(torch.float32)[:, None] * inv_freq.to(positions.device)[None, :]
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Rotate x [tokens, heads, d] by angle position * inv_freq; positions int [tokens]."""
-    angles = positions.to(torch.float32)[:, None] * inv_freq.to(x.device)[None, :]
-    emb = torch.cat([angles, angles], dim=-1)[:, None, :]
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    return rotate(x, *rope_cos_sin(positions, inv_freq, x.dtype))

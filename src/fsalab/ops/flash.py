@@ -91,11 +91,12 @@ def _prune(configs, named_args, **kwargs):
     return [c for c in configs if any(c is x for x in _D256_ONLY) == big]
 
 
-def _autotune(configs):
+def _autotune(configs, restore: tuple[str, ...] = ()):
     """``_triton.autotune`` keyed on padded d, key stride and window (sliding, causal and compressed
-    masks tune apart) and a size class (see _size_class), d = 256 pruned to its own configs."""
+    masks tune apart) and a size class (see _size_class), d = 256 pruned to its own configs.
+    ``restore``: outputs the kernel may add to (ACCUMULATE), put back after each timed trial."""
     key = ["D_PAD", "key_stride", "window", "size_class"]
-    return autotune(configs + _D256_ONLY, key=key, prune=_prune)
+    return autotune(configs + _D256_ONLY, key=key, prune=_prune, restore_value=list(restore))
 
 
 # Runtime ints that vary between calls: not specialized (== 1, % 16), so a new batch size, group
@@ -312,14 +313,15 @@ def _dq_step(dq, q, do, lse_s, delta, K, V, k_start, j0, stride_kt, stride_vt, o
     return tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
 
 
-@_autotune(_DQ_CONFIGS)
+@_autotune(_DQ_CONFIGS, restore=("DQ",))
 @triton.jit(do_not_specialize=_DYNAMIC + ["total"])
 def _dq_kernel(Q, K, V, DO, LSE_S, DELTA, DQ, CU_Q, CU_K,
                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                stride_dqt, stride_dqh, total,
                batch, n_search, group, scale, scale_log2, key_stride, key_offset, window, size_class,
-               D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr,
+               D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr, ACCUMULATE: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dq of one (query tile, head); ACCUMULATE adds it to what DQ holds (another branch's dq)."""
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
     seq, q_start, n_q, m0 = _tile_of(pid, CU_Q, batch, n_search, BLOCK_M)
@@ -356,8 +358,11 @@ def _dq_kernel(Q, K, V, DO, LSE_S, DELTA, DQ, CU_Q, CU_K,
     for j0 in range(mid_lo, mid_hi, BLOCK_N):
         dq = _dq_step(dq, q, do, lse_s, delta, K, V, k_start, j0, stride_kt, stride_vt, offs_k, offs_v,
                       row_lo, row_count, n_k, scale_log2, d_ok, BLOCK_M, BLOCK_N, False, PRECISION)
-    tl.store(DQ + q_row0 * stride_dqt + head * stride_dqh + offs_m[:, None] * stride_dqt + dcol[None, :],
-             (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
+    dq_ptrs = DQ + q_row0 * stride_dqt + head * stride_dqh + offs_m[:, None] * stride_dqt + dcol[None, :]
+    dq = dq * scale
+    if ACCUMULATE:
+        dq += tl.load(dq_ptrs, mask=q_mask, other=0.0).to(tl.float32)
+    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=q_mask)
 
 
 @triton.jit
@@ -392,15 +397,16 @@ def _dkdv_step(dk, dv, k, v, Q, DO, LSE_S, DELTA, q_row, stat, m0, hi, stride_qt
     return dk, dv
 
 
-@_autotune(_DKDV_CONFIGS)
+@_autotune(_DKDV_CONFIGS, restore=("DK", "DV"))
 @triton.jit(do_not_specialize=_DYNAMIC + ["total", "q_chunk"])
 def _dkdv_kernel(Q, K, V, DO, LSE_S, DELTA, DK, DV, CU_Q, CU_K,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                  stride_dks, stride_dkt, stride_dkh, stride_dvs, stride_dvt, stride_dvh, total,
                  batch, n_search, group, q_chunk, scale, scale_log2, key_stride, key_offset, window, size_class,
-                 D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr,
+                 D: tl.constexpr, D_PAD: tl.constexpr, PRECISION: tl.constexpr, ACCUMULATE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (key tile, KV head, query chunk): sums over the group's query heads.
+    ACCUMULATE (one query chunk only) adds dk, dv to what DK, DV hold (another branch's).
 
     Natural order: the first key tiles of a causal or compressed mask see the most queries and
     start first. The g heads x query tiles run as two flat loops (masked edge tiles of every head,
@@ -460,7 +466,11 @@ def _dkdv_kernel(Q, K, V, DO, LSE_S, DELTA, DK, DV, CU_Q, CU_K,
     s64 = split.to(tl.int64)
     dk_ptrs = DK + s64 * stride_dks + k_row0 * stride_dkt + kv_head * stride_dkh + offs_n[:, None] * stride_dkt + dcol[None, :]
     dv_ptrs = DV + s64 * stride_dvs + k_row0 * stride_dvt + kv_head * stride_dvh + offs_n[:, None] * stride_dvt + dcol[None, :]
-    tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
+    dk = dk * scale
+    if ACCUMULATE:
+        dk += tl.load(dk_ptrs, mask=kv_mask, other=0.0).to(tl.float32)
+        dv += tl.load(dv_ptrs, mask=kv_mask, other=0.0).to(tl.float32)
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
@@ -521,19 +531,26 @@ def _forward(q, k, v, cu_q, cu_k, key_stride, key_offset, window, scale):
     return o, lse
 
 
-def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding):
-    """dq, dk, dv. key_padding: k/v may hold rows outside every sequence (their gradient is 0)."""
+def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, window, scale, key_padding,
+              into=None):
+    """dq, dk, dv. key_padding: k/v may hold rows outside every sequence (their gradient is 0).
+
+    ``into``: (dq, dk, dv) buffers to add these gradients to, or (dq, None, None) to add dq
+    only (dk, dv then new): another branch's gradients of the same inputs, summed in the kernels'
+    stores instead of by separate additions. Returns the buffers written.
+    """
     total, h, d = q.shape
     total_k, h_kv, _ = k.shape
     batch = cu_q.numel() - 1
     group = h // h_kv
     meta = _common_meta(q)
+    dq_in, dk_in, dv_in = into if into is not None else (None, None, None)
     alloc = torch.zeros if key_padding or total == 0 else _empty  # padding rows get no program
-    dq = _empty((total, h, d), q.dtype, q.device)
-    dk = alloc((total_k, h_kv, d), dtype=k.dtype, device=q.device)
-    dv = alloc((total_k, h_kv, d), dtype=v.dtype, device=q.device)
+    dq = dq_in if dq_in is not None else _empty((total, h, d), q.dtype, q.device)
+    dk = dk_in if dk_in is not None else alloc((total_k, h_kv, d), dtype=k.dtype, device=q.device)
+    dv = dv_in if dv_in is not None else alloc((total_k, h_kv, d), dtype=v.dtype, device=q.device)
     if total == 0 or total_k == 0:
-        return dq.zero_(), dk, dv
+        return (dq if dq_in is not None else dq.zero_()), dk, dv
     lse_s, delta = _empty((2, h, total), torch.float32, q.device)  # head-major row statistics
     _stats_kernel[(cdiv(total, 64), h)](
         o, do, lse, dlse if dlse is not None else lse, lse_s, delta, total,
@@ -546,7 +563,7 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
         q, k, v, do, lse_s, delta, dq, cu_q, cu_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
         dq.stride(0), dq.stride(1), total, *common, scale, scale * LOG2E, key_stride, key_offset, window,
-        _size_class(total, h), **meta, **_meta(32, 16),
+        _size_class(total, h), **meta, ACCUMULATE=dq_in is not None, **_meta(32, 16),
     )
     chunks = _num_query_chunks(total, total_k, batch, h_kv, group, window, q.device)
     # fp32 partials per query chunk, summed in a fixed order below (deterministic).
@@ -558,11 +575,14 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
         *dk_out.stride()[:3], *dv_out.stride()[:3], total,
         *common, cdiv(total, chunks), scale, scale * LOG2E, key_stride, key_offset, window,
-        _size_class(total, h), **meta, **_meta(16, 32),
+        _size_class(total, h), **meta, ACCUMULATE=chunks == 1 and dk_in is not None, **_meta(16, 32),
     )
     if chunks > 1:
-        dk.copy_(dk_out.sum(0))
-        dv.copy_(dv_out.sum(0))
+        for grad, parts in ((dk, dk_out), (dv, dv_out)):
+            if dk_in is not None:
+                grad.add_(parts.sum(0))
+            else:
+                grad.copy_(parts.sum(0))
     return dq, dk, dv
 
 

@@ -194,13 +194,13 @@ def _compress_dw_kernel(
     tl.store(out, acc.to(dw_ptr.dtype.element_ty), mask=x_ok[:, None] & n_ok[None, :])
 
 
-@_autotune(_DX_CONFIGS, key=["HEAD_DIM", "L", "S", "size_bucket"])
+@_autotune(_DX_CONFIGS, key=["HEAD_DIM", "L", "S", "size_bucket"], restore_value=["dk_ptr", "dv_ptr"])
 @triton.jit
 def _compress_dx_kernel(
     dkc_ptr, dvc_ptr, wk_ptr, wv_ptr, dk_ptr, dv_ptr, tab_ptr,
     s_gt, s_gh, s_wh, s_wx, s_xt, s_xh,
     rows, size_bucket,
-    HEAD_DIM: tl.constexpr, L: tl.constexpr, S: tl.constexpr, DOT_PREC: tl.constexpr,
+    HEAD_DIM: tl.constexpr, L: tl.constexpr, S: tl.constexpr, DOT_PREC: tl.constexpr, ACCUMULATE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_Y: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Gradient of the raw tokens of each window's cells (s tokens), summed over their windows.
@@ -209,6 +209,8 @@ def _compress_dx_kernel(
     channel), dx[r, b, y] = sum_{a=b}^{l/s-1} dout[r - (a - b)] @ w[a*s*d + y]^T: one GEMM over
     (a, c) per tile of y. Cell 0 of every window is written by its own row; cells b >= 1 only by
     the last window of a sequence (the others are cell 0 of a later window): each token once.
+    ACCUMULATE adds each token's gradient to what dk/dv hold (the attention branches' gradients
+    of the same keys and values); tokens no window covers keep it.
     """
     MP: tl.constexpr = L // S
     h = tl.program_id(1) // 2
@@ -247,6 +249,8 @@ def _compress_dx_kernel(
             dst_ok = tl.where(b == 0, valid, last)
             tok = (start + b * S).to(tl.int64)[:, None] + (yy // HEAD_DIM)[None, :]
             out = x_ptr + tok * s_xt + (yy % HEAD_DIM)[None, :]
+            if ACCUMULATE:
+                acc += tl.load(out, mask=dst_ok[:, None] & y_ok[None, :], other=0.0).to(tl.float32)
             tl.store(out, acc.to(x_ptr.dtype.element_ty), mask=dst_ok[:, None] & y_ok[None, :])
 
 
@@ -304,15 +308,19 @@ def _forward(k, v, w_k, w_v, pe, cu_seqlens, cu_cmp, kernel_size: int, kernel_st
 
 
 def _backward(dk_cmp, dv_cmp, k, v, w_k, w_v, pe, tab, kernel_size: int, kernel_stride: int, need_x: bool,
-              need_w: bool, need_pe: bool):
+              need_w: bool, need_pe: bool, into=None):
     """(dk, dv, dw_k, dw_v, dpe) for the gradients of (k_cmp, v_cmp); None where not needed
-    (dk, dv: need_x; dw_k, dw_v: need_w; dpe: need_pe)."""
+    (dk, dv: need_x; dw_k, dw_v: need_w; dpe: need_pe). ``into``: contiguous (dk, dv) buffers
+    holding other gradients of k and v, to which dk, dv are added in the kernel's stores."""
     _, h_kv, d = k.shape
     rows = dk_cmp.shape[0]
     dk_cmp, dv_cmp = dk_cmp.contiguous(), dv_cmp.contiguous()
-    # Tokens no window covers keep a zero gradient; the kernel writes every covered one once.
-    dk = torch.zeros_like(k, memory_format=torch.contiguous_format) if need_x else None
-    dv = torch.zeros_like(v, memory_format=torch.contiguous_format) if need_x else None
+    if into is not None:
+        dk, dv = into
+    else:
+        # Tokens no window covers keep a zero gradient; the kernel writes every covered one once.
+        dk = torch.zeros_like(k, memory_format=torch.contiguous_format) if need_x else None
+        dv = torch.zeros_like(v, memory_format=torch.contiguous_format) if need_x else None
     new_dw = torch.empty_like if rows else torch.zeros_like  # the dw kernel writes every element
     dw_k = new_dw(w_k) if need_w else None
     dw_v = new_dw(w_v) if need_w else None
@@ -321,7 +329,8 @@ def _backward(dk_cmp, dv_cmp, k, v, w_k, w_v, pe, tab, kernel_size: int, kernel_
         grid = lambda meta: (_cdiv(rows, meta["BLOCK_R"]), 2 * h_kv, _cdiv(kernel_stride * d, meta["BLOCK_Y"]))
         _compress_dx_kernel[grid](
             dk_cmp, dv_cmp, w_k, w_v, dk, dv, tab, dk_cmp.stride(0), dk_cmp.stride(1), w_k.stride(0), w_k.stride(1),
-            dk.stride(0), dk.stride(1), rows, **tiles, **_meta(BLOCK_R=64, BLOCK_Y=1024, BLOCK_K=_next_pow2(max(d, 16))),
+            dk.stride(0), dk.stride(1), rows, **tiles, ACCUMULATE=into is not None,
+            **_meta(BLOCK_R=64, BLOCK_Y=1024, BLOCK_K=_next_pow2(max(d, 16))),
         )
     if need_w and rows:
         lx = kernel_size * d
@@ -426,23 +435,8 @@ def _strides(k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int]:
     return k.stride(0), k.stride(1), v.stride(0), v.stride(1)
 
 
-def compress_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    w_k: torch.Tensor,
-    w_v: torch.Tensor,
-    pe: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    cfg: NSAConfig,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Linear compression with intra-block position embedding on keys (NSA Eq. 7), differentiable.
-
-    k, v [total, h_kv, d] (keys before RoPE) in fp16/bf16/fp32; w_k, w_v [h_kv, l*d, d] and
-    pe [h_kv, l, d] in any of those dtypes (cast to k's dtype for the MMA, e.g. fp32 master
-    weights with bf16 activations). Returns k_cmp, v_cmp [total // s, h_kv, d] in k's dtype
-    (rows past cu_seqlens_cmp[-1] are zero) and cu_seqlens_cmp int32 [batch + 1]. Gradients for
-    k, v (k's dtype), w_k, w_v, pe (their dtypes); fp32 accumulation everywhere, no atomics.
-    """
+def check_compression_inputs(k, v, w_k, w_v, pe, cu_seqlens, cfg) -> None:
+    """What ``compress_kv`` (and the whole attention op, ``ops/attention.py``) needs of its inputs."""
     if not isinstance(cfg, NSAConfig):
         raise TypeError(f"cfg must be an NSAConfig, got {type(cfg).__name__}")
     check_tensor("k", k, 3, KERNEL_DTYPES)
@@ -460,6 +454,27 @@ def compress_kv(
     if w_v.dtype != w_k.dtype:
         raise TypeError(f"w_k and w_v must share one dtype, got {w_k.dtype} and {w_v.dtype}")
     check_cu_seqlens(cu_seqlens, total, k.device)
+
+
+def compress_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w_k: torch.Tensor,
+    w_v: torch.Tensor,
+    pe: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cfg: NSAConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Linear compression with intra-block position embedding on keys (NSA Eq. 7), differentiable.
+
+    k, v [total, h_kv, d] (keys before RoPE) in fp16/bf16/fp32; w_k, w_v [h_kv, l*d, d] and
+    pe [h_kv, l, d] in any of those dtypes (cast to k's dtype for the MMA, e.g. fp32 master
+    weights with bf16 activations). Returns k_cmp, v_cmp [total // s, h_kv, d] in k's dtype
+    (rows past cu_seqlens_cmp[-1] are zero) and cu_seqlens_cmp int32 [batch + 1]. Gradients for
+    k, v (k's dtype), w_k, w_v, pe (their dtypes); fp32 accumulation everywhere, no atomics.
+    """
+    check_compression_inputs(k, v, w_k, w_v, pe, cu_seqlens, cfg)
+    l = cfg.kernel_size
     cu_cmp = compressed_offsets(cu_seqlens, l, cfg.kernel_stride)
     k, v = _unit_last_stride(k), _unit_last_stride(v)
     w_k, w_v, pe = w_k.contiguous(), w_v.contiguous(), pe.contiguous()

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("path,flags,entry", [("decode", [], "decode"), ("forward", [], "_forward_packed"),
-                                              ("op", [], "selected_attention"), ("op", ["--backward"], "backward")])
+                                              ("op", [], "nsa_attention"), ("op", ["--backward"], "backward")])
 def test_host_glue_script_reports_a_call_time(path, flags, entry):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_glue.py"), path, "--rounds", "1", *flags],
                           capture_output=True, text=True, timeout=600, check=False,

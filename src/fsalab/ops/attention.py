@@ -86,8 +86,9 @@ def _forward(q, k, v, w_k, w_v, pe, gate_logits, cu_seqlens, cos, sin, cfg_ints:
     k_cmp, v_cmp, tab = compress_forward(k, v, w_k, w_v, pe, cu_seqlens, cu_cmp, l, s)
     rotated = []
     if cos is not None:
-        # Padding rows (window start -1) hold zeros, which any rotation keeps.
-        start = tab[0].clamp(min=0)
+        # Padding rows (window start -1) hold zeros, which any rotation keeps; the clamp keeps
+        # every gather in bounds whatever the table holds.
+        start = tab[0].clamp(0, max(q.shape[0] - 1, 0))
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k_cmp = rotate(k_cmp, cos[start], sin[start])
         rotated = [q, k]
@@ -121,7 +122,7 @@ def _backward(do, q, k, v, w_k, w_v, pe, gate_logits, cu_seqlens, cos, sin, save
     _, dk_cmp, dv_cmp = flash_backward(do_cmp, None, q_att, k_cmp, v_cmp, saved[_O_CMP], saved[_LSE_CMP], cu_seqlens,
                                        cu_cmp, s, l - 1, NO_WINDOW, scale, False, into=(dq, None, None))
     if cos is not None:
-        start = tab[0].clamp(min=0)
+        start = tab[0].clamp(0, max(q.shape[0] - 1, 0))
         dk_cmp = _rotate_back(dk_cmp, cos[start], sin[start])
         dq, dk = _rotate_back(dq, cos, sin), _rotate_back(dk, cos, sin)
     _, _, dw_k, dw_v, dpe = compress_backward(dk_cmp, dv_cmp, k, v, w_k, w_v, pe, tab, l, s, True, need_w, need_pe,

@@ -45,7 +45,7 @@ def test_experiment_configs_validate(name, overlay):
     assert exp["feeds"] and exp["timing"]["method"] in timing.METHODS  # defaults filled in
     if exp["runner"] not in ("kernel", "theory", *points.E2E_RUNNERS):
         return
-    expanded = grid.expand(exp)
+    expanded = grid.expand(exp, ranks=2 if grid.is_parallel(exp) else None)
     assert expanded and len({p["id"] for p in expanded}) == len(expanded)
     if exp["runner"] in points.E2E_RUNNERS:
         op = points.E2E_RUNNERS[exp["runner"]][0]
@@ -88,7 +88,8 @@ def test_point_ids_are_stable_and_distinct():
 
 def test_e2e_point_ids_carry_steps_and_rank_count(monkeypatch):
     """Convergence runs of different lengths, and parallel runs at different rank counts, write
-    different files."""
+    different files; the rank count is the point's own (``ranks``), never the environment's, so
+    the workflow names a torchrun job's files before any rank starts."""
 
     conv = {**points.E2E_DEFAULTS, "op": "convergence", "model": "llama3-8b", "impl": "fsa", "N": 4096, "steps": 3000,
             "dtype": "bfloat16"}
@@ -98,8 +99,57 @@ def test_e2e_point_ids_carry_steps_and_rank_count(monkeypatch):
     assert "-bf16-gatereference-S3000-" in points.e2e_point_id({**conv, "gate_impl": "reference"})
     monkeypatch.setenv("WORLD_SIZE", "4")
     tp = {**points.E2E_DEFAULTS, "op": "prefill", "model": "llama3-8b", "impl": "nsa", "N": 32768, "parallel": "tp",
-          "dtype": "float16"}
-    assert points.e2e_point_id(tp).endswith(f"-tp4-{points.point_hash(tp)}")
+          "dtype": "float16", "ranks": 2}
+    assert points.e2e_point_id(tp).endswith(f"-tp2-{points.point_hash(tp)}")
+    # The rank count is in the prefix only: TP = 1 and TP = 2 of a point share its hash.
+    assert points.point_hash(tp) == points.point_hash({**tp, "ranks": 1})
+    with pytest.raises(ValueError, match="rank count"):
+        points.e2e_point_id({k: v for k, v in tp.items() if k != "ranks"})
+    exp = grid.load_experiment("prefill_tp")
+    assert grid.is_parallel(exp) and not grid.is_parallel(grid.load_experiment("prefill"))
+    assert all("-tp8-" in p["id"] and p["ranks"] == 8 for p in grid.expand(exp, ranks=8))
+    with pytest.raises(ValueError, match="rank count"):
+        grid.expand(exp)
+    with pytest.raises(ValueError, match="launcher's rank count"):
+        grid.expand({**exp, "defaults": {**exp["defaults"], "ranks": 2}}, ranks=2)
+
+
+def test_committed_multi_gpu_results_keep_their_ids():
+    """Every committed point file of a multi-GPU host (results/<gpu>x<GPUs>/) is named by the id
+    its parameters and rank count give, and is a point of its experiment's grid at that count."""
+    import subprocess
+
+    from fsalab.results import point_of_row
+
+    root = repo_root()
+    listed = subprocess.run(["git", "ls-files", "results"], cwd=root, capture_output=True, text=True, check=True)
+    files = [f for f in listed.stdout.split() if re.match(r"results/[a-z0-9]+x\d+/[^/]+/[^/]+\.json$", f)]
+    if not files:
+        pytest.skip("no committed multi-GPU results in this checkout")
+    grids = {}
+    for name in files:
+        row = json.loads((root / name).read_text())
+        p = {**point_of_row(row, Path(name).stem), "ranks": row["world_size"]}
+        key = (row["experiment"], row["world_size"])
+        if key not in grids:
+            grids[key] = {q["id"] for q in grid.expand(grid.load_experiment(key[0]), ranks=key[1])}
+        assert points.e2e_point_id(p) == Path(name).stem, name
+        assert Path(name).stem in grids[key], name
+
+
+def test_runner_refuses_a_rank_count_other_than_its_world(tmp_path, capsys):
+    """A job planned for 2 ranks but launched on 1 (no torchrun: world size 1) would write the
+    ids of TP = 1 points; the runner stops before measuring anything."""
+    from fsalab.bench import prefill
+
+    with pytest.raises(SystemExit) as stop:
+        prefill.main(["--experiment", "prefill_tp", "--all", "--ranks", "2", "--platform", "cpu-test",
+                      "--results-dir", str(tmp_path)])
+    assert stop.value.code == 2
+    assert "--ranks 2, but this job runs on 1 rank(s)" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+    assert prefill.main(["--experiment", "prefill_tp", "--list", "--ranks", "2"]) == 0
+    assert all("-tp2-" in line for line in capsys.readouterr().out.split())
 
 
 def test_runner_writes_valid_reference_row(tmp_path):

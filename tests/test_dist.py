@@ -71,7 +71,7 @@ def _tp_worker(rank: int, port: int, queue, world: int, shape: dict) -> None:
         results.append((name, (out - ref).abs().max().item(), ref.abs().max().item()))
         kinds.append((type(pending).__name__, type(layer_split.settled(pending)).__name__))
     p = {**points.E2E_DEFAULTS, "op": "prefill", "model": "llama3-8b", "impl": "reference", "N": 128, "dtype": "float32",
-         "layers": None, "topk": 3, "window_size": 32, "parallel": "tp", "experiment": "prefill",
+         "layers": None, "topk": 3, "window_size": 32, "parallel": "tp", "ranks": world, "experiment": "prefill",
          "model_overrides": {**shape, "num_hidden_layers": 2}}
     p["id"] = points.e2e_point_id(p)
     row = prefill.run_point(p, {"timing": {"warmup": 0, "repeats": 1}}, device, "cpu-test")

@@ -5,6 +5,7 @@ The end-to-end smoke run takes a few minutes on 2 CPU cores; FSALAB_E2E=0 skips 
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -62,6 +63,34 @@ def test_paper_profile_plans_slices_of_the_papers_points_and_moves_nothing():
     assert "bench_kernel_slice0" in text and "bench_point" not in text
     assert "--paper --all --skip-existing" in text and "--budget-s 480" in text and "gpu=1" in text
     assert "bench_versus" not in text  # versus is no paper artefact
+    after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert after == before
+
+
+def test_torchrun_config_plans_a_job_per_rank_count_and_moves_nothing():
+    """`torchrun` in the config plans one torchrun job per multi-GPU experiment and rank count:
+    the YAML's runner under `python -m torch.distributed.run`, asked for that many ranks and GPUs
+    with NVLink multicast off, its grid's point files (those committed under results/h200x2/
+    among them) as update() outputs, and the host's table; parsing it writes or moves no file."""
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    out = _snakemake("-n", "--forceall", "--resources", "gpu=2", "--config", "platform=h200", "host_gpus=2",
+                     "torchrun={prefill_tp: [1, 2]}", "--", "results/h200x2/prefill_tp.csv")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    jobs = {name: text.split(f"rule {name}:", 1)[1].split("\n\n", 1)[0]
+            for name in ("torchrun_prefill_tp_1", "torchrun_prefill_tp_2", "aggregate_torchrun")}
+    for n in (1, 2):
+        job = jobs[f"torchrun_prefill_tp_{n}"]
+        assert (f"python -m torch.distributed.run --standalone --nproc-per-node {n} -m fsalab.bench.prefill "
+                "--experiment prefill_tp --all --skip-existing") in job
+        assert f"--platform h200x2 --results-dir results --ranks {n} " in job and f"gpu={n}" in job
+        assert "NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1" in job
+        outputs = set(re.findall(r"(results/h200x2/prefill_tp/\S+\.json) \(update\)", job))
+        assert len(outputs) == 8 and all(f"-tp{n}-" in o for o in outputs)
+        committed = subprocess.run(["git", "ls-files", "results/h200x2/prefill_tp"], cwd=ROOT, capture_output=True,
+                                   text=True).stdout.split()
+        assert {c for c in committed if f"-tp{n}-" in c} <= outputs
+    assert "fsalab aggregate --experiment prefill_tp --platform h200x2" in jobs["aggregate_torchrun"]
     after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
     assert after == before
 

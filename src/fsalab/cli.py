@@ -62,7 +62,7 @@ def _load(args):
 def cmd_points(args) -> int:
     from .bench import grid
 
-    for p in grid.expand(_load(args)):
+    for p in grid.expand(_load(args), ranks=args.ranks):
         print(p["id"])
     return 0
 
@@ -205,9 +205,9 @@ def cmd_plan(args) -> int:
     print(f"{'experiment':<12} {'points':>6} {'timed before':>12} {'slices':>6} {'expected s':>10} {'longest slice s':>15}")
     for name in names:
         exp = grid.load_experiment(name, smoke=args.smoke, paper=args.paper)
-        if exp["runner"] == "theory":
+        if exp["runner"] == "theory" or (grid.is_parallel(exp) and not args.experiment):
             continue
-        points = grid.expand(exp)
+        points = grid.expand(exp, ranks=args.ranks)
         measured = budget.measured_anywhere(args.platform, name, args.results_dir, exp.get("timing"))
         expected = budget.estimates(points, measured)
         pieces = budget.slices(points, expected, args.slice_s)
@@ -507,6 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("points", help="list the point ids of an experiment")
     experiment_args(p)
+    p.add_argument("--ranks", type=int, default=None,
+                   help="the rank count a parallel experiment (train_fsdp, prefill_tp) runs at, which its ids name")
     p.set_defaults(func=cmd_points)
 
     for command in POINT_RUNNERS:
@@ -524,6 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--platform", default="h200", help="whose measured times to plan with (others fill the gaps)")
     p.add_argument("--slice-s", type=float, default=480.0, help="the most expected seconds of one slice (one job)")
     p.add_argument("--results-dir", default="results", help="where the measured point files are")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="the rank count of a parallel experiment named with --experiment (the default list leaves "
+                        "them out: they run under torchrun, not in slices)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("theory", help="memory/FLOP model table of a theory experiment")

@@ -1,6 +1,6 @@
 """Measurements: one job per grid point (kernel, dram and the end-to-end runners train, prefill,
 convergence), per slice of a grid (slice_s), or per experiment (batch_points, and versus always);
-the theory table in one job."""
+the theory table in one job; a multi-GPU experiment in one torchrun job per rank count."""
 
 
 if SINGLE_POINT_EXPERIMENTS:
@@ -102,3 +102,42 @@ rule theory:
         "../envs/fsalab.yaml"
     shell:
         "fsalab theory --experiment theory {params.smoke} --out {output} > {log} 2>&1"
+
+
+# torchrun: one job per multi-GPU experiment and rank count, its whole grid in one launch of
+# `python -m torch.distributed.run` around the YAML's runner, which refuses a world size other
+# than --ranks (the ids of the files below name it). Point files are update() outputs, as a
+# slice's: with keep-incomplete a stopped job keeps its finished points, and the next run
+# measures what is missing (--skip-existing). NVLink multicast stays off (NCCL, symmetric memory,
+# NVSHMEM), which the multi-GPU hosts these run on do not allow; torchrun passes the environment
+# to its ranks. gpu=<ranks> is what a cluster allocates; a local profile's gpu=1 caps it, so the
+# job runs alone, as every benchmark does (its ranks start at GPU 0, as a one-GPU job does).
+for _exp, _n in TORCHRUN_POINTS:
+    if not TORCHRUN_POINTS[_exp, _n]:
+        continue
+
+    rule:
+        name:
+            f"torchrun_{_exp}_{_n}"
+        output:
+            [update(f"results/{TORCHRUN_PLATFORM}/{_exp}/{p}.json") for p in TORCHRUN_POINTS[_exp, _n]],
+        log:
+            f"logs/{TORCHRUN_PLATFORM}/torchrun_{_exp}_{_n}.log",
+        params:
+            module=f"fsalab.bench.{TORCHRUN_EXPERIMENTS[_exp]['runner']}",
+            experiment=_exp,
+            filter="^(" + "|".join(TORCHRUN_POINTS[_exp, _n]) + ")$",
+            platform=TORCHRUN_PLATFORM,
+            ranks=_n,
+        resources:
+            gpu=_n,
+            # A whole grid in one job (train_fsdp: 30 full-depth training steps of 10-20 s each,
+            # six per point, and each model's build).
+            runtime=240,
+        conda:
+            "../envs/fsalab.yaml"
+        shell:
+            "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1; "
+            "python -m torch.distributed.run --standalone --nproc-per-node {params.ranks} -m {params.module} "
+            "--experiment {params.experiment} --all --skip-existing --filter '{params.filter}' "
+            "--platform {params.platform} --results-dir results --ranks {params.ranks} > {log} 2>&1"

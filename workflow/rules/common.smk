@@ -52,6 +52,11 @@ FIGURES_PLATFORM = config["figures_platform"]
 # artefacts first), and the cost model.
 _NAMES = ([n for n in ("theory", *grid.load_overlay("paper")["experiments"]) if n in config["experiments"]]
           if PAPER else config["experiments"])
+for _name in _NAMES:  # before an overlay, which has no entry for them
+    if grid.is_parallel(grid.load_experiment(_name)):
+        raise ValueError(f"experiment {_name} runs under torchrun, its ids naming a rank count: name it in the "
+                         f"torchrun config with its rank counts (e.g. --config torchrun='{{{_name}: [2]}}'), "
+                         "not in experiments")
 EXPERIMENTS = {name: grid.load_experiment(name, smoke=SMOKE, paper=PAPER and name != "theory") for name in _NAMES}
 # Experiments measured point by point with `fsalab bench-<runner>` (one result file per point):
 # kernel, dram, compile, versus, decode and the end-to-end runners train, prefill, convergence.
@@ -83,6 +88,73 @@ def _slices(experiment):
 
 SLICES = {n: [[p["id"] for p in piece] for piece in _slices(n)] for n in SLICED_EXPERIMENTS}
 
+# Multi-GPU experiments (config torchrun: experiment -> rank counts), each at its rank counts in
+# one torchrun job over its whole grid (rules/bench.smk), on a host of HOST_GPUS GPUs whose
+# results folder is TORCHRUN_PLATFORM (<platform>x<GPUs>). Their own YAML in every mode: the
+# smoke and paper overlays hold no multi-GPU grid. No benchmark runs in figures mode.
+TORCHRUN = ({name: sorted({int(n) for n in counts}) for name, counts in config["torchrun"].items()}
+            if MODE != "figures" else {})
+TORCHRUN_EXPERIMENTS = {name: grid.load_experiment(name) for name in TORCHRUN}
+for _name, _exp in TORCHRUN_EXPERIMENTS.items():
+    if not grid.is_parallel(_exp):
+        raise ValueError(f"torchrun: experiment {_name} has no parallel (fsdp, tp) point; a one-process "
+                         "experiment belongs in experiments")
+
+
+def _host_gpus():
+    if config["host_gpus"]:
+        return config["host_gpus"]
+    import torch
+
+    return torch.cuda.device_count() if ON_GPU else 0
+
+
+HOST_GPUS = _host_gpus() if TORCHRUN else 0
+if TORCHRUN and not HOST_GPUS:
+    raise ValueError("torchrun: no CUDA here to count the host's GPUs: name them with --config host_gpus=<GPUs>")
+for _name, _counts in TORCHRUN.items():
+    if max(_counts) > HOST_GPUS:
+        raise ValueError(f"torchrun: {_name} at {max(_counts)} ranks needs as many GPUs; the host has {HOST_GPUS} "
+                         "(host_gpus)")
+
+
+def _machine_platform():
+    """The platform of the machine's GPU, never a smoke folder: the multi-GPU grids have no smoke overlay."""
+    if config["platform"] or not ON_GPU:
+        return config["platform"] or "cpu-interpret"
+    from fsalab.bench.provenance import detect_platform
+
+    return detect_platform()
+
+
+TORCHRUN_PLATFORM = f"{_machine_platform()}x{HOST_GPUS}" if TORCHRUN else ""
+# (experiment, ranks) -> point ids of the job: the whole grid at that rank count (point_filter applied).
+TORCHRUN_POINTS = {}
+for _name, _counts in TORCHRUN.items():
+    for _n in _counts:
+        _ids = [p["id"] for p in grid.expand(TORCHRUN_EXPERIMENTS[_name], ranks=_n)]
+        TORCHRUN_POINTS[_name, _n] = [i for i in _ids if re.search(config["point_filter"] or ".", i)]
+
+
+def torchrun_point_files(wildcards):
+    """The point files of a multi-GPU experiment's table: those of the rank counts this run
+    measures, and those of the host's other rank counts already on disk (a TP = 1 run stays in
+    the table beside a TP = 2 one; read only: parsing writes nothing)."""
+    name, folder = wildcards.experiment, f"results/{TORCHRUN_PLATFORM}/{wildcards.experiment}"
+    files = []
+    for n in range(1, HOST_GPUS + 1):
+        if n in TORCHRUN[name]:
+            files += [f"{folder}/{p}.json" for p in TORCHRUN_POINTS[name, n]]
+        else:
+            ids = (p["id"] for p in grid.expand(TORCHRUN_EXPERIMENTS[name], ranks=n))
+            files += [f"{folder}/{i}.json" for i in ids if (ROOT / folder / f"{i}.json").is_file()]
+    return files
+
+
+def torchrun_tables():
+    """The tables of the multi-GPU experiments this run measures."""
+    return [f"results/{TORCHRUN_PLATFORM}/{name}.csv" for name in TORCHRUN]
+
 
 def figures_dir(platform):
     """paper_figures/ for the platform the paper's figures come from, else under results/."""
@@ -112,7 +184,8 @@ def experiments_of_notebook(notebook):
 
 def multi_gpu_tables(platform, notebook):
     """CSVs of this notebook's experiments measured on multi-GPU hosts of the platform's GPU
-    (results/<platform>x<GPUs>/, e.g. train_fsdp and prefill_tp under torchrun), already on disk."""
+    (results/<platform>x<GPUs>/, e.g. train_fsdp and prefill_tp under torchrun), already on disk
+    or made by this run's torchrun jobs."""
     from fsalab.results import multi_gpu_hosts
 
     out = []
@@ -121,6 +194,10 @@ def multi_gpu_tables(platform, notebook):
             name = path.stem
             if name in grid.known_experiments() and grid.load_experiment(name).get("notebook", name) == notebook:
                 out.append(str(path.relative_to(ROOT)))
+    # Those this run makes (torchrun), whose host folder may not exist yet.
+    if re.fullmatch(rf"{re.escape(platform)}x\d+", TORCHRUN_PLATFORM):
+        out += [t for t, e in zip(torchrun_tables(), TORCHRUN_EXPERIMENTS.values())
+                if e.get("notebook", e["experiment"]) == notebook and t not in out]
     return out
 
 
@@ -151,7 +228,7 @@ def reproduction_path(platform):
 def all_targets():
     targets = []
     if MODE != "figures":
-        targets += [f"results/{PLATFORM}/{e}.csv" for e in EXPERIMENTS]
+        targets += [f"results/{PLATFORM}/{e}.csv" for e in EXPERIMENTS] + torchrun_tables()
     for plat in figure_platforms():
         for nb in config["notebooks"]:
             if tables(plat, nb):

@@ -37,6 +37,9 @@ def add_point_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--skip-existing", action="store_true", help="with --point/--all: keep result files already there")
     ap.add_argument("--budget-s", type=float, help="with --all: start only the points expected to end within this "
                     "many seconds (their last measured time), leave the rest for a later run")
+    ap.add_argument("--ranks", type=int, default=None,
+                    help="the rank count this job was launched with (the workflow passes its own): refused unless it "
+                         "is the torchrun world size; with --list, the rank count whose ids to list")
     ap.add_argument("--results-dir", default=None, help="default: <repo>/results")
     ap.add_argument("--platform", default=None, help="default: detected (h200, cpu-interpret, ...)")
     ap.add_argument("--out", help="ad-hoc point: write the row here (default: print it)")
@@ -84,10 +87,18 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
     device = fsdp.setup_device()  # first: selects the Triton interpreter before triton is imported
     from .provenance import detect_platform
 
+    # A parallel point's id names its rank count: the launcher's, which a rank count the caller
+    # planned the job's files with must match.
+    ranks = fsdp.world_size()
+    if args.ranks is not None and args.ranks != ranks and not args.list:
+        ap.error(f"--ranks {args.ranks}, but this job runs on {ranks} rank(s) (torchrun --nproc-per-node): its "
+                 f"parallel points would be written under ids naming {ranks} rank(s), not the {args.ranks} asked for")
+    if args.list and args.ranks is not None:
+        ranks = args.ranks
     exp = load_experiment(args.experiment, args.smoke, args.paper) if args.experiment else {"experiment": op, "runner": {"train_step": "train"}.get(op, op), "grid": []}
     base = {**(defaults or {}), "op": op, "dtype": default_dtype}
     if args.list:
-        for p in expand(exp, base):
+        for p in expand(exp, base, ranks):
             print(p["id"])
         return 0
     if args.warmup is not None or args.repeats is not None:
@@ -96,7 +107,7 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
     if args.point or args.all:
         if not args.experiment:
             ap.error("--point/--all need --experiment")
-        points = expand(exp, base)
+        points = expand(exp, base, ranks)
         if args.all:
             points = [p for p in points if re.search(args.filter, p["id"])]
         if args.point:
@@ -112,6 +123,8 @@ def run_cli(argv, runner, op: str, default_dtype: str, defaults: dict | None = N
         missing = [k for k in ("model", "impl", "N") if p.get(k) is None]
         if missing:
             ap.error(f"an ad-hoc point needs --{' --'.join(missing)} (or --experiment with --point/--all)")
+        if p.get("parallel", "none") != "none":
+            p["ranks"] = ranks
         p["experiment"], p["id"] = exp["experiment"], e2e_point_id(p)
         points = [p]
     platform = args.platform or detect_platform()

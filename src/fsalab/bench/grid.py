@@ -168,9 +168,19 @@ def check_impl(p: dict, where: str) -> None:
             raise ValueError(f"{where}: impl of op {p['op']!r} must be one of {sorted(known)}, got {p['impl']!r}")
 
 
-def _expand_e2e(exp: dict, base: dict | None = None) -> list[dict]:
+def is_parallel(exp: dict) -> bool:
+    """Whether some point of the experiment runs over several ranks (``parallel`` fsdp or tp):
+    it runs under torchrun, and its points need a rank count (``expand``'s ``ranks``)."""
+    if exp["runner"] not in E2E_RUNNERS:
+        return False
+    values = [exp.get("defaults", {}).get("parallel", "none")]
+    values += [v for sub in exp["grid"] for raw in expand_subgrid(sub) for k, v in raw.items() if k == "parallel"]
+    return any(v != "none" for v in values)
+
+
+def _expand_e2e(exp: dict, base: dict | None = None, ranks: int | None = None) -> list[dict]:
     """Points of an end-to-end experiment: runner defaults <- ``base`` <- exp defaults <- each
-    sub-grid's values; ids from ``points.e2e_point_id``."""
+    sub-grid's values, a parallel point's rank count from ``ranks``; ids from ``points.e2e_point_id``."""
     start = {**e2e_base(exp["runner"]), **copy.deepcopy(base or {})}
     schema = load_schema("experiment")
     params_schema = {"$defs": schema["$defs"], **schema["$defs"]["e2e_params"]}
@@ -178,12 +188,20 @@ def _expand_e2e(exp: dict, base: dict | None = None) -> list[dict]:
     for i, sub in enumerate(exp["grid"]):
         for raw in expand_subgrid(sub):
             where = f"{exp['experiment']} grid[{i}]"
+            if "ranks" in raw or "ranks" in exp.get("defaults", {}):
+                raise ValueError(f"{where}: ranks is the launcher's rank count, not a parameter of the experiment "
+                                 "(torchrun --nproc-per-node, or the workflow's torchrun config)")
             p = {**copy.deepcopy(start), **copy.deepcopy(exp.get("defaults", {})), **raw}
             p = validate(p, params_schema, where)
             missing = [k for k in E2E_REQUIRED if p.get(k) is None]
             if missing:
                 raise ValueError(f"{where}: point {raw} lacks {missing}")
             check_impl(p, where)
+            if p["parallel"] != "none":
+                if ranks is None:
+                    raise ValueError(f"{where}: a point with parallel: {p['parallel']} names its rank count in its "
+                                     "id: give the rank count it runs at (--ranks; grid.expand's ranks)")
+                p["ranks"] = ranks
             p["experiment"] = exp["experiment"]
             p["id"] = e2e_point_id(p)
             if p["id"] not in seen:
@@ -209,17 +227,18 @@ def kernel_point(params: dict, where: str, experiment: str | None = None, theory
     return KernelPoint(**p)
 
 
-def expand(exp: dict, base: dict | None = None) -> list[KernelPoint] | list[dict]:
+def expand(exp: dict, base: dict | None = None, ranks: int | None = None) -> list[KernelPoint] | list[dict]:
     """Every point of the experiment's grid, validated, with ``id`` and ``experiment`` set:
     ``KernelPoint``s for the kernel-level runners, dicts for the end-to-end and decode ones.
 
     Raises ValueError for a point that lacks a required parameter, has one the runner does not
     know (a misspelt key or axis), names an unknown impl or model, or duplicates another's id.
     End-to-end runners (train, prefill, convergence) start from their runner's defaults
-    (``base`` overrides them).
+    (``base`` overrides them); the points of a parallel experiment (``is_parallel``) take the
+    rank count ``ranks`` they run at, which their ids name, and need it.
     """
     if exp["runner"] in E2E_RUNNERS:
-        return _expand_e2e(exp, base)
+        return _expand_e2e(exp, base, ranks)
     if exp["runner"] == "decode":  # its own parameters (decode_points.DEFAULTS)
         return expand_decode_points(exp)
     points, seen = [], {}
@@ -237,10 +256,10 @@ def expand(exp: dict, base: dict | None = None) -> list[KernelPoint] | list[dict
     return points
 
 
-def find_point(exp: dict, pid: str) -> KernelPoint | dict:
-    """The point of ``exp`` whose id is ``pid`` (ValueError listing a few ids otherwise)."""
-    for p in expand(exp):
+def find_point(exp: dict, pid: str, ranks: int | None = None) -> KernelPoint | dict:
+    """The point of ``exp`` (at ``ranks``, ``expand``) whose id is ``pid`` (ValueError listing a few ids otherwise)."""
+    for p in expand(exp, ranks=ranks):
         if p["id"] == pid:
             return p
-    ids = [p["id"] for p in expand(exp)]
+    ids = [p["id"] for p in expand(exp, ranks=ranks)]
     raise ValueError(f"experiment {exp['experiment']!r} has no point {pid!r}; e.g. {ids[:3]}")

@@ -20,7 +20,6 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -89,6 +88,9 @@ _BRANCH_TAGS = (("compression_impl", "cmp"), ("window_impl", "win"), ("gate_impl
 # Keys of a point that do not change what is measured: the id itself, the experiment (the
 # folder already names it) and the free-form series label.
 _UNMEASURED = ("id", "experiment", "label")
+# Keys a point's id names in its readable prefix only: a parallel point's rank count (``-tp2``),
+# which ids carried before it was a parameter, so the hash of those committed results leaves it out.
+_PREFIX_ONLY = ("ranks",)
 # Parameters added after results named by their ids were committed, with the value those results
 # were measured at: a point at that value hashes as if the parameter did not exist, so its id
 # (and the file holding its row) stays the same.
@@ -169,7 +171,7 @@ def nsa_config(p: Mapping) -> NSAConfig:
 def point_hash(p: dict) -> str:
     """8 hex digits of the SHA-256 of every measured parameter of ``p`` (canonical JSON)."""
     params = {k: v for k, v in p.items()
-              if k not in _UNMEASURED and not (k in _HASH_NEUTRAL and v == _HASH_NEUTRAL[k])}
+              if k not in _UNMEASURED and k not in _PREFIX_ONLY and not (k in _HASH_NEUTRAL and v == _HASH_NEUTRAL[k])}
     text = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
@@ -212,7 +214,7 @@ def readable_id(p: dict) -> str:
 def e2e_point_id(p: dict) -> str:
     """An end-to-end point's id: a readable prefix and ``point_hash`` of every parameter, e.g.
     ``trainstep-llama3-8b-fsa-N65536-b1-L2-B64-T16-bf16-1a2b3c4d``. The prefix of parallel
-    runs ends with the mode and rank count (``-fsdp8``), of convergence runs with their step
+    runs ends with the mode and their rank count ``ranks`` (``-fsdp8``), of convergence runs with their step
     count (``-S500``, after ``-span32`` when needles are runs of 32 tokens and after ``-text`` for
     the byte-level text task); a compression, window or gate branch other than ``auto`` adds
     ``-cmp<impl>`` / ``-win<impl>`` / ``-gate<impl>``."""
@@ -225,9 +227,12 @@ def e2e_point_id(p: dict) -> str:
         if p.get(key, "auto") != "auto":
             parts.append(f"{tag}{p[key]}")
     if p.get("parallel", "none") != "none":
-        # The rank count comes from the launcher (torchrun sets WORLD_SIZE before Python starts),
-        # so TP = 2 and TP = 8 runs on one host write different results.
-        parts.append(f"{p['parallel']}{os.environ.get('WORLD_SIZE', '1')}")
+        # A parameter, never the launcher's environment: the workflow names a torchrun job's
+        # files before any rank starts, and TP = 2 and TP = 8 runs on one host write different results.
+        if not isinstance(p.get("ranks"), int) or p["ranks"] < 1:
+            raise ValueError(f"a point with parallel: {p['parallel']} needs its rank count (ranks), got "
+                             f"{p.get('ranks')!r}")
+        parts.append(f"{p['parallel']}{p['ranks']}")
     if p["op"] == "convergence":  # a longer run of the same model is a different result
         if p.get("task", "retrieval") != "retrieval":  # another task (bench.convergence.text_batch)
             parts.append(p["task"])

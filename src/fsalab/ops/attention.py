@@ -24,6 +24,7 @@ from ..checks import KERNEL_DTYPES, check_attention_inputs, check_tensor
 from ..config import NSAConfig
 from ..varlen import compressed_capacity, compressed_index, sequence_ids
 from . import compression_ops, gate_op, selection_default, window_op
+from ._triton import INTERPRET
 from .compression.compress_kv import _backward as compress_backward
 from .compression.compress_kv import _compressed_offsets as compressed_offsets
 from .compression.compress_kv import _forward as compress_forward
@@ -57,8 +58,6 @@ def fused(compression_impl: str, selection_impl: str, window_impl: str, gate_imp
     """Whether these impls run as the one-node op on q's device: every branch on fsalab's kernels
     (compression "triton"/"auto", a selected impl with host functions, the window on fsalab's
     flash kernel, the fused gate), on CUDA or under the Triton interpreter."""
-    from ._triton import INTERPRET
-
     # Off CUDA "auto" is the reference for these three (the selection's "auto" is its dispatcher).
     on_kernels = q.is_cuda or (INTERPRET and "auto" not in (compression_impl, window_impl, gate_impl))
     window = window_impl == "triton" or (window_impl == "auto" and not _flash_attn_usable(q))

@@ -267,3 +267,27 @@ def test_eager_calls_skip_the_ops():
         o.float().sum().backward()
         flash.flash_attention(q, k, v, cu, window_size=CFG.window_size)
     assert seen and "fsalab" not in seen
+
+
+def test_a_backward_on_fake_tensors_takes_the_op():
+    """AOTAutograd traces a backward on fake tensors outside dynamo's trace (where
+    ``torch.compiler.is_compiling()`` can be False): a fake probe tensor picks the op, whose fake
+    kernel runs instead of a launch on tensors without data; a real one the host function."""
+    from fsalab.ops.library import op_or
+
+    with FakeTensorMode():
+        fake = torch.empty(3)
+    assert op_or("gated_sum_backward", gate._backward, fake) is OPS.gated_sum_backward.default
+    assert op_or("gated_sum_backward", gate._backward, torch.empty(3)) is gate._backward
+
+
+def test_the_window_choice_traces_without_a_graph_break():
+    """The whole attention's "auto" window reads whether flash-attn is installed without an
+    import statement while dynamo traces (a missing package's import breaks the graph)."""
+    from fsalab.ops import attention
+
+    torch._dynamo.reset()
+    q = torch.randn(4, 2, 16, dtype=DTYPE)
+    choose = torch.compile(lambda t: attention.fused("triton", "fsa", "auto", "triton", t), fullgraph=True,
+                           backend="eager")
+    assert choose(q) == attention.fused("triton", "fsa", "auto", "triton", q)

@@ -37,7 +37,7 @@ from .library import grads_like, lse_like, op_or
 from .selected import selected_attention
 from .selected.host import HOST_PAIRS
 from .topk.block_select import _select as select_kernel
-from .window.attention import _flash_attn_usable
+from .window.attention import flash_attn_usable
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -60,7 +60,7 @@ def fused(compression_impl: str, selection_impl: str, window_impl: str, gate_imp
     flash kernel, the fused gate), on CUDA or under the Triton interpreter."""
     # Off CUDA "auto" is the reference for these three (the selection's "auto" is its dispatcher).
     on_kernels = q.is_cuda or (INTERPRET and "auto" not in (compression_impl, window_impl, gate_impl))
-    window = window_impl == "triton" or (window_impl == "auto" and not _flash_attn_usable(q))
+    window = window_impl == "triton" or (window_impl == "auto" and not flash_attn_usable(q))
     return (on_kernels and compression_impl in ("triton", "auto") and selection_impl in HOST_PAIRS and window
             and gate_impl in ("triton", "auto") and q.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
@@ -153,8 +153,9 @@ class _NSAAttention(torch.autograd.Function):
         q, k, v, w_k, w_v, pe, gate_logits, cu_seqlens, cos, sin, *saved = ctx.saved_tensors
         need = ctx.needs_input_grad
         do = torch.zeros_like(q) if do is None else do
-        grads = op_or("nsa_attention_backward", _backward)(do, q, k, v, w_k, w_v, pe, gate_logits, cu_seqlens, cos,
-                                                           sin, saved, *ctx.args, need[3] or need[4], need[5])
+        backward = op_or("nsa_attention_backward", _backward, do)
+        grads = backward(do, q, k, v, w_k, w_v, pe, gate_logits, cu_seqlens, cos, sin, saved, *ctx.args,
+                         need[3] or need[4], need[5])
         # The op gives empty tensors for the gradients not needed, _backward None.
         return (*(g if n and g is not None and g.numel() else None for g, n in zip(grads, need[:7])),
                 None, None, None, None, None, None)

@@ -611,7 +611,7 @@ class FlashAttention(torch.autograd.Function):
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
         do = do.contiguous() if do.stride(-1) != 1 else do
         dlse = dlse.contiguous() if dlse is not None else None
-        dq, dk, dv = op_or("flash_attention_backward", _backward)(do, dlse, q, k, v, o, lse, cu_q, cu_k, *ctx.params)
+        dq, dk, dv = op_or("flash_attention_backward", _backward, do)(do, dlse, q, k, v, o, lse, cu_q, cu_k, *ctx.params)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 

@@ -15,17 +15,23 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 
-def op_or(name: str, impl: Callable) -> Callable:
+def op_or(name: str, impl: Callable, probe: torch.Tensor | None = None) -> Callable:
     """``torch.ops.fsalab.<name>`` while torch.compile traces the caller, else ``impl``.
 
     The op takes ``impl``'s arguments and runs the same host function. Eager calls take ``impl``
     (an autograd Function's ``apply`` whose ``setup`` and ``backward`` are the op's autograd, or
     the host function itself): a custom op's Python dispatch costs several times the call's own
-    host time, and short eager calls are bound by host time.
+    host time, and short eager calls are bound by host time. ``probe``: a tensor argument of a
+    backward's call; when it is fake, the op as well (AOTAutograd traces a backward on fake
+    tensors outside dynamo, where ``is_compiling()`` can be False, and a kernel cannot launch on
+    them).
     """
-    return getattr(torch.ops.fsalab, name).default if torch.compiler.is_compiling() else impl
+    if torch.compiler.is_compiling() or (probe is not None and is_fake(probe)):
+        return getattr(torch.ops.fsalab, name).default
+    return impl
 
 
 def lse_like(q: torch.Tensor) -> torch.Tensor:

@@ -378,8 +378,8 @@ class _CompressKV(torch.autograd.Function):
         need_x, need_w = need[0] or need[1], need[2] or need[3]
         # An unused output's gradient is zeros, as autograd would materialise it.
         dk_cmp, dv_cmp = (k.new_zeros((tab.shape[1], *k.shape[1:])) if g is None else g for g in (dk_cmp, dv_cmp))
-        grads = op_or("compress_kv_backward", _backward)(dk_cmp, dv_cmp, k, v, w_k, w_v, pe, tab, *ctx.sizes, need_x,
-                                                         need_w, need[4])
+        backward = op_or("compress_kv_backward", _backward, dk_cmp)
+        grads = backward(dk_cmp, dv_cmp, k, v, w_k, w_v, pe, tab, *ctx.sizes, need_x, need_w, need[4])
         # The op gives empty tensors for the gradients not needed, _backward None.
         return (*(g if kept else None for g, kept in zip(grads, (need_x, need_x, need_w, need_w, need[4]))),
                 None, None, None, None)

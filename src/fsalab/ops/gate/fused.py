@@ -120,7 +120,7 @@ class _GatedSum(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        return op_or("gated_sum_backward", _backward)(do, *ctx.saved_tensors)
+        return op_or("gated_sum_backward", _backward, do)(do, *ctx.saved_tensors)
 
 
 # torch.compile's view of the kernels (ops/library.py): opaque ops with fake kernels.

@@ -176,8 +176,8 @@ class _Composed(torch.autograd.Function):
         q, k, v, o, lse, block_idx, cu_seqlens, *index = ctx.saved_tensors
         do = torch.zeros_like(o) if do is None else do.contiguous()
         dlse = None if dlse is None else dlse.contiguous().float()
-        dq, dk, dv = op_or("selected_attention_auto_backward", _backward_chosen)(do, dlse, q, k, v, o, lse, block_idx,
-                                                                                 cu_seqlens, index, *ctx.args)
+        backward = op_or("selected_attention_auto_backward", _backward_chosen, do)
+        dq, dk, dv = backward(do, dlse, q, k, v, o, lse, block_idx, cu_seqlens, index, *ctx.args)
         return dq, dk, dv, None, None, None, None, None
 
 

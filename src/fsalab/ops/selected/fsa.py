@@ -412,7 +412,7 @@ class _FSAFunction(torch.autograd.Function):
         q, k, v, o, lse, *index = ctx.saved_tensors
         do = torch.zeros_like(o) if do is None else do.contiguous()
         dlse = None if dlse is None else dlse.contiguous().float()
-        dq, dk, dv = op_or("selected_attention_fsa_backward", _backward_on)(do, dlse, q, k, v, o, lse, index, *ctx.args)
+        dq, dk, dv = op_or("selected_attention_fsa_backward", _backward_on, do)(do, dlse, q, k, v, o, lse, index, *ctx.args)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 

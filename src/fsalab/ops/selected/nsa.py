@@ -508,7 +508,7 @@ class _SelectedAttentionNSA(torch.autograd.Function):
         q, k, v, o, lse, tok_start, block_idx, cu_seqlens, *index = ctx.saved_tensors
         if do is None:
             do = torch.zeros_like(o)
-        dq, dk, dv = op_or("selected_attention_nsa_backward", _backward_on)(
+        dq, dk, dv = op_or("selected_attention_nsa_backward", _backward_on, do)(
             do.contiguous(), None if dlse is None else dlse.contiguous(), q, k, v, o, lse, block_idx, cu_seqlens,
             tok_start, ctx.block_size, ctx.scale, index,
         )  # fmt: skip

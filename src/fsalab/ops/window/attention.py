@@ -15,6 +15,7 @@ o [total, h, d] in q.dtype and lse [total, h] fp32 (natural log).
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 import torch
 
@@ -25,9 +26,17 @@ from ..impls import WINDOW_IMPLS
 BACKENDS = tuple(i for i in WINDOW_IMPLS if i != "reference")
 
 
+# Whether flash-attn is installed, looked up once at import without importing it: the "auto"
+# choice reads it while torch.compile traces, where an import statement of a missing package
+# breaks the graph.
+_FLASH_ATTN_INSTALLED = importlib.util.find_spec("flash_attn") is not None
+
+
 @functools.cache
 def flash_attn_varlen():
     """flash_attn.flash_attn_varlen_func, or None when flash-attn is not installed."""
+    if not _FLASH_ATTN_INSTALLED:
+        return None
     try:
         from flash_attn import flash_attn_varlen_func
     except ImportError:
@@ -35,8 +44,9 @@ def flash_attn_varlen():
     return flash_attn_varlen_func
 
 
-def _flash_attn_usable(q: torch.Tensor) -> bool:
-    return flash_attn_varlen() is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+def flash_attn_usable(q: torch.Tensor) -> bool:
+    """Whether "auto" takes flash-attn's window for q: installed, CUDA, fp16/bf16."""
+    return _FLASH_ATTN_INSTALLED and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
 
 
 def window_attention(
@@ -58,13 +68,13 @@ def window_attention(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        backend = "flash_attn" if _flash_attn_usable(q) else "triton"
+        backend = "flash_attn" if flash_attn_usable(q) else "triton"
     if backend == "triton":
         return flash_attention(q, k, v, cu_seqlens, mask="window", window_size=window_size, scale=scale)
     check_attention_inputs(q, k, v, cu_seqlens, KERNEL_DTYPES)
     if flash_attn_varlen() is None:
         raise ValueError("backend='flash_attn' needs the flash-attn package (pip install 'fsalab[flash]')")
-    if not _flash_attn_usable(q):
+    if not flash_attn_usable(q):
         raise ValueError(f"backend='flash_attn' needs fp16/bf16 CUDA tensors, got {q.dtype} on {q.device}")
     if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 1:
         raise ValueError(f"window_size must be a positive int, got {window_size!r}")

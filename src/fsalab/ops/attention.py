@@ -266,16 +266,18 @@ def nsa_attention(
     return_indices: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """NSA attention of q [total, h, d] over k, v [total, h_kv, d] (projected, before RoPE),
-    differentiable in all tensors but cu_seqlens; o [total, h, d] in q's dtype.
+    differentiable in q, k, v, the compression's weights and the gate logits; o [total, h, d] in
+    q's dtype.
 
     w_k, w_v [h_kv, l*d, d], pe [h_kv, l, d]: the compression's weights (``compress_kv``);
     gate_logits [total, h, 3]: the gates' logits (compressed, selected, window); cu_seqlens int32
     [batch + 1]; rotary: (cos, sin) [total, d] in q's dtype (module doc), None for no RoPE. Impls
     by name as in ``NativeSparseAttention`` ("auto": the kernels on CUDA, the references
     elsewhere), but ``selection_impl`` as ``ops.selected.selected_attention`` takes it ("auto":
-    the dispatcher, None: "auto" on CUDA and the reference elsewhere). ``cache``: an ``ops.decode.NSADecodeCache`` filled with this prefill's keys,
-    values and compressed tokens. ``return_indices``: also return the selected blocks, int32
-    [total, h_kv, topk] (``select_blocks``).
+    the dispatcher, None: "auto" on CUDA and the reference elsewhere). ``cache``: an
+    ``ops.decode.NSADecodeCache`` filled with this prefill's keys, values and compressed tokens.
+    ``return_indices``: also return the selected blocks, int32 [total, h_kv, topk]
+    (``select_blocks``).
     """
     if not isinstance(cfg, NSAConfig):
         raise TypeError(f"cfg must be an NSAConfig, got {type(cfg).__name__}")

@@ -160,3 +160,23 @@ def test_one_node_matches_the_composed_branches_on_the_gpu(selection, g, monkeyp
         assert torch.isfinite(a).all(), name
         bound = 4 * torch.finfo(torch.bfloat16).eps * b.float().abs().max().item()
         assert (a.float() - b.float()).abs().max().item() <= bound, name
+
+
+@pytest.mark.slow(40)
+def test_the_ab_script_runs(tmp_path):
+    """scripts/ab_one_node.py (the GPU A/B behind docs/performance.md's table) still runs against the
+    op's API: one tiny CPU shape, the same forward bits both ways, a table and its JSON."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "scripts" / "ab_one_node.py")], capture_output=True, text=True,
+                          timeout=600, check=False,
+                          env={**os.environ, "AB_SMOKE": "1", "OUT": str(tmp_path), "PYTHONPATH": str(root / "src")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fwd equal True" in proc.stdout, proc.stdout[-2000:]
+    rows = json.loads((tmp_path / "ab_node.json").read_text())
+    assert rows and rows[0]["launches"]["fused"] < rows[0]["launches"]["composed"]

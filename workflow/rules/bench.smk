@@ -109,8 +109,8 @@ rule theory:
 # than --ranks (the ids of the files below name it). Point files are update() outputs, as a
 # slice's: with keep-incomplete a stopped job keeps its finished points, and the next run
 # measures what is missing (--skip-existing). NVLink multicast stays off (NCCL, symmetric memory,
-# NVSHMEM), which the multi-GPU hosts these run on do not allow; torchrun passes the environment
-# to its ranks. gpu=<ranks> is what a cluster allocates; a local profile's gpu=1 caps it, so the
+# NVSHMEM), as it was for the committed multi-GPU rows, so a re-run compares with them; torchrun
+# passes the environment to its ranks. gpu=<ranks> is what a cluster allocates; a local profile's gpu=1 caps it, so the
 # job runs alone, as every benchmark does (its ranks start at GPU 0, as a one-GPU job does).
 for _exp, _n in TORCHRUN_POINTS:
     if not TORCHRUN_POINTS[_exp, _n]:

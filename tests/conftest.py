@@ -25,6 +25,11 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     if config.getoption("--no-autotune"):
         settings.configure(autotune=False)
+    # pytest-xdist: hand items to the workers one at a time (default: a quarter of each worker's
+    # share at once), so the long items collected first (pytest_collection_modifyitems) spread
+    # over both workers and the short ones fill in around them.
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk", None) is None:
+        config.option.maxschedchunk = 1
 
 
 @pytest.fixture(autouse=True)
@@ -84,14 +89,6 @@ def poison_every_allocation(monkeypatch):
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: poisoned(empty(*a, **kw)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poisoned(empty_like(*a, **kw)))
     monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **kw: poisoned(new_empty(self, *a, **kw)))
-
-
-def pytest_configure(config):
-    # pytest-xdist: hand items to the workers one at a time (default: a quarter of each worker's
-    # share at once), so the long items collected first (below) spread over both workers and the
-    # short ones fill in around them.
-    if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk", None) is None:
-        config.option.maxschedchunk = 1
 
 
 @pytest.fixture

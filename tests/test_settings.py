@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -137,6 +139,31 @@ def test_child_processes_get_the_settings_as_flags(monkeypatch):
     first_call._child({"op": "selected"}, 1, "/tmp/cache")
     assert seen["cmd"][-3:] == ["--dispatch", "rules", "--no-autotune"]
     assert seen["env"]["FSALAB_DISPATCH_CACHE"] == "" and seen["env"]["TRITON_CACHE_DIR"] == "/tmp/cache"
+
+
+def test_the_test_suites_no_autotune_flag_reaches_the_settings(pytester_probe):
+    """``pytest --no-autotune`` (the GPU test runs, scripts/gpu/run_gpu_tests.sh) turns autotune
+    off in the test session: a second ``pytest_configure`` in the conftest once replaced the
+    first and the flag silently did nothing."""
+    assert pytester_probe("--no-autotune") == "autotune=False"
+
+
+@pytest.fixture
+def pytester_probe(tmp_path):
+    """Runs a one-test session of this suite's conftest with the given pytest arguments (no
+    xdist) and returns what the test printed: the session's autotune setting."""
+    (tmp_path / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    (tmp_path / "test_probe.py").write_text(
+        "from fsalab import settings\n\n\ndef test_probe():\n"
+        "    print(f'autotune={settings.current.autotune}')\n")
+
+    def run(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:xdist", "-p", "no:cacheprovider",
+                              *args, "test_probe.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        return re.search(r"autotune=\w+", out.stdout).group(0)
+
+    return run
 
 
 def test_platform_is_an_argument_that_reaches_the_row_and_not_the_environment(tmp_path, monkeypatch):

@@ -4,7 +4,8 @@
 eager, CUDA events, L2 flushed), bf16, 4 KV heads, d = 128, the published config, one sequence.
 Prints a correctness line per shape (forward bits, gradients' largest relative difference,
 launches) and a table last; writes ab_node.json to $OUT (default /tmp).
-``AB_SMOKE=1`` runs one tiny shape on the CPU under the Triton interpreter (a check of the script).
+``AB_SMOKE=1`` runs one tiny shape on the CPU under the Triton interpreter (a check of the script);
+``AB_SHAPES=65536:4`` times only the listed (N, g), ``AB_ROUNDS`` sets the interleaved rounds (20).
 
     PYTHONPATH=src python scripts/ab_one_node.py
 """
@@ -39,6 +40,9 @@ def composed(*a, **kw):
 
 
 SHAPES = [(64, 1)] if SMOKE else [(8192, 1), (16384, 1), (32768, 1), (65536, 1), (16384, 4), (32768, 4), (65536, 4), (32768, 5)]
+if os.environ.get("AB_SHAPES"):  # e.g. "65536:4,32768:5": only these (N, g)
+    SHAPES = [tuple(int(x) for x in shape.split(":")) for shape in os.environ["AB_SHAPES"].split(",")]
+ROUNDS = int(os.environ.get("AB_ROUNDS", "20"))  # interleaved rounds per shape (more: a tighter median)
 for N, g in SHAPES:
     h_kv, d = (1, 16) if SMOKE else (4, 128)
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -79,7 +83,7 @@ for N, g in SHAPES:
     print(f"N={N} g={g}: fwd equal {torch.equal(o1, o2)}, max grad rel diff {gerr:.2e}, launches fwd+bwd {counts}", flush=True)
     del o1, o2, g1, g2
     t = interleaved(fns, dev, rounds=Rounds(rounds=2, min_rounds=1, rep_ms=0, max_rounds=2) if SMOKE
-                    else Rounds(rounds=20, rep_ms=200, budget_ms=4000))
+                    else Rounds(rounds=ROUNDS, rep_ms=200, budget_ms=4000 * ROUNDS // 20))
     row = {"N": N, "g": g, "fwd_equal": True, "grad_rel_diff": gerr, "launches": counts}
     for name, tm in t.items():
         row[name] = tm.summary() if not isinstance(tm, BaseException) else repr(tm)

@@ -64,10 +64,11 @@ def poison_flash_buffers(monkeypatch):
     """Every buffer the FlashAttention kernels (ops/flash.py) must fill starts as NaN: an
     unwritten element fails the comparison. Modules of ops built on them use it for every test
     (``pytestmark = pytest.mark.usefixtures("poison_flash_buffers")``)."""
-    from fsalab.ops import flash
+    from fsalab.ops import flash, scratch
     from fsalab.testing import poison
 
     monkeypatch.setattr(flash, "_empty", poison)
+    monkeypatch.setattr(scratch, "handed_out", lambda t: t.fill_(float("nan")) if t.is_floating_point() else t)
 
 
 @pytest.fixture
@@ -76,7 +77,8 @@ def poison_every_allocation(monkeypatch):
     ones full of NaN, integer ones full of the dtype's minimum (an index no kernel writes and any
     read of it lands far out of bounds), so an element a kernel allocates and never writes shows
     up in the comparison. Covers the integer outputs and ``new_empty`` buffers that
-    ``fsalab.testing.poisoned_allocations`` leaves alone."""
+    ``fsalab.testing.poisoned_allocations`` leaves alone, and the ops' scratch (``ops.scratch``)."""
+    from fsalab.ops import scratch
 
     def poisoned(t):
         if t.is_floating_point():
@@ -89,6 +91,7 @@ def poison_every_allocation(monkeypatch):
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: poisoned(empty(*a, **kw)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poisoned(empty_like(*a, **kw)))
     monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **kw: poisoned(new_empty(self, *a, **kw)))
+    monkeypatch.setattr(scratch, "handed_out", poisoned)
 
 
 @pytest.fixture

@@ -144,19 +144,23 @@ def poison(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: torc
 
 @contextlib.contextmanager
 def poisoned_allocations():
-    """Within the block, torch.empty / empty_like return NaN-filled floating tensors, so any
-    element a kernel allocates but never writes shows up as NaN in the comparison."""
-    empty, empty_like = torch.empty, torch.empty_like
+    """Within the block, torch.empty / empty_like and the ops' scratch (``ops.scratch``, also
+    its views of a planned buffer) return NaN-filled floating tensors, so any element a kernel
+    allocates but never writes shows up as NaN in the comparison."""
+    from .ops import scratch
+
+    empty, empty_like, handed_out = torch.empty, torch.empty_like, scratch.handed_out
 
     def fill(t):
         return t.fill_(float("nan")) if t.is_floating_point() else t
 
     torch.empty = lambda *a, **kw: fill(empty(*a, **kw))
     torch.empty_like = lambda *a, **kw: fill(empty_like(*a, **kw))
+    scratch.handed_out = fill
     try:
         yield
     finally:
-        torch.empty, torch.empty_like = empty, empty_like
+        torch.empty, torch.empty_like, scratch.handed_out = empty, empty_like, handed_out
 
 
 def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

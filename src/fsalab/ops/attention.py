@@ -23,7 +23,7 @@ import torch
 from ..checks import KERNEL_DTYPES, check_attention_inputs, check_tensor
 from ..config import NSAConfig
 from ..varlen import compressed_capacity, compressed_index, sequence_ids
-from . import compression_ops, gate_op, selection_default, window_op
+from . import compression_ops, gate_op, scratch, selection_default, window_op
 from ._triton import INTERPRET
 from .compression.compress_kv import _backward as compress_backward
 from .compression.compress_kv import _compressed_offsets as compressed_offsets
@@ -81,22 +81,25 @@ def _forward(q, k, v, w_k, w_v, pe, gate_logits, cu_seqlens, cos, sin, cfg_ints:
     cfg = NSAConfig.from_ints(cfg_ints)
     l, s = cfg.kernel_size, cfg.kernel_stride
     scale = 1.0 / math.sqrt(q.shape[-1])
-    cu_cmp = compressed_offsets(cu_seqlens, l, s)
-    k_cmp, v_cmp, tab = compress_forward(k, v, w_k, w_v, pe, cu_seqlens, cu_cmp, l, s)
-    rotated = []
-    if cos is not None:
-        # Padding rows (window start -1) hold zeros, which any rotation keeps; the clamp keeps
-        # every gather in bounds whatever the table holds.
-        start = tab[0].clamp(0, max(q.shape[0] - 1, 0))
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        k_cmp = rotate(k_cmp, cos[start], sin[start])
-        rotated = [q, k]
-    o_win, lse_win = flash_forward(q, k, v, cu_seqlens, cu_seqlens, 1, 0, min(cfg.window_size, NO_WINDOW), scale)
-    o_cmp, lse_cmp = flash_forward(q, k_cmp, v_cmp, cu_seqlens, cu_cmp, s, l - 1, NO_WINDOW, scale)
-    block_idx = select_kernel(q, k_cmp, lse_cmp, cu_seqlens, cu_cmp, cfg_ints, scale, "auto")
-    o_slc, lse_slc, selected = HOST_PAIRS[selection].forward(q, k, v, block_idx, cu_seqlens, cfg.block_size, scale,
-                                                             grad)
-    o = gate_kernels._forward(o_cmp, o_slc, o_win, gate_logits)
+    key = ("nsa_attention.forward", *scratch.shapes(q, k, w_k, cu_seqlens), cos is None, tuple(cfg_ints), selection,
+           grad)
+    with scratch.planned(key, q.device):  # one allocation for every branch's scratch
+        cu_cmp = compressed_offsets(cu_seqlens, l, s)
+        k_cmp, v_cmp, tab = compress_forward(k, v, w_k, w_v, pe, cu_seqlens, cu_cmp, l, s)
+        rotated = []
+        if cos is not None:
+            # Padding rows (window start -1) hold zeros, which any rotation keeps; the clamp keeps
+            # every gather in bounds whatever the table holds.
+            start = tab[0].clamp(0, max(q.shape[0] - 1, 0))
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            k_cmp = rotate(k_cmp, cos[start], sin[start])
+            rotated = [q, k]
+        o_win, lse_win = flash_forward(q, k, v, cu_seqlens, cu_seqlens, 1, 0, min(cfg.window_size, NO_WINDOW), scale)
+        o_cmp, lse_cmp = flash_forward(q, k_cmp, v_cmp, cu_seqlens, cu_cmp, s, l - 1, NO_WINDOW, scale)
+        block_idx = select_kernel(q, k_cmp, lse_cmp, cu_seqlens, cu_cmp, cfg_ints, scale, "auto")
+        o_slc, lse_slc, selected = HOST_PAIRS[selection].forward(q, k, v, block_idx, cu_seqlens, cfg.block_size, scale,
+                                                                 grad)
+        o = gate_kernels._forward(o_cmp, o_slc, o_win, gate_logits)
     return o, [cu_cmp, tab, k_cmp, v_cmp, o_cmp, lse_cmp, block_idx, o_slc, lse_slc, o_win, lse_win, *rotated, *selected]
 
 
@@ -110,22 +113,26 @@ def _backward(do, q, k, v, w_k, w_v, pe, gate_logits, cu_seqlens, cos, sin, save
     cu_cmp, tab, k_cmp, v_cmp = saved[_CU_CMP], saved[_TAB], saved[_K_CMP], saved[_V_CMP]
     q_att, k_att = (saved[_N_FIXED], saved[_N_FIXED + 1]) if cos is not None else (q, k)
     selected = saved[_N_FIXED + (2 if cos is not None else 0):]
-    do_cmp, do_slc, do_win, dgate = gate_kernels._backward(do.contiguous(), saved[_O_CMP], saved[_O_SLC],
-                                                           saved[_O_WIN], gate_logits)
-    dq, dk, dv = HOST_PAIRS[selection].backward(do_slc, q_att, k_att, v, saved[_O_SLC], saved[_LSE_SLC],
-                                                saved[_BLOCK_IDX], cu_seqlens, selected, cfg.block_size, scale)
-    flash_backward(do_win, None, q_att, k_att, v, saved[_O_WIN], saved[_LSE_WIN], cu_seqlens, cu_seqlens, 1, 0,
-                   min(cfg.window_size, NO_WINDOW), scale, False, into=(dq, dk, dv))
-    # Compressed rows past cu_cmp[-1] are padding that the compression's backward never reads:
-    # their gradients need no zeros.
-    _, dk_cmp, dv_cmp = flash_backward(do_cmp, None, q_att, k_cmp, v_cmp, saved[_O_CMP], saved[_LSE_CMP], cu_seqlens,
-                                       cu_cmp, s, l - 1, NO_WINDOW, scale, False, into=(dq, None, None))
-    if cos is not None:
-        start = tab[0].clamp(0, max(q.shape[0] - 1, 0))
-        dk_cmp = _rotate_back(dk_cmp, cos[start], sin[start])
-        dq, dk = _rotate_back(dq, cos, sin), _rotate_back(dk, cos, sin)
-    _, _, dw_k, dw_v, dpe = compress_backward(dk_cmp, dv_cmp, k, v, w_k, w_v, pe, tab, l, s, True, need_w, need_pe,
-                                              into=(dk, dv))
+    key = ("nsa_attention.backward", *scratch.shapes(q, k, w_k, cu_seqlens), cos is None, tuple(cfg_ints), selection,
+           need_w, need_pe)
+    with scratch.planned(key, q.device):  # one allocation for every branch's scratch
+        do_cmp, do_slc, do_win, dgate = gate_kernels._backward(do.contiguous(), saved[_O_CMP], saved[_O_SLC],
+                                                               saved[_O_WIN], gate_logits, branches_in_scratch=True)
+        dq, dk, dv = HOST_PAIRS[selection].backward(do_slc, q_att, k_att, v, saved[_O_SLC], saved[_LSE_SLC],
+                                                    saved[_BLOCK_IDX], cu_seqlens, selected, cfg.block_size, scale)
+        flash_backward(do_win, None, q_att, k_att, v, saved[_O_WIN], saved[_LSE_WIN], cu_seqlens, cu_seqlens, 1, 0,
+                       min(cfg.window_size, NO_WINDOW), scale, False, into=(dq, dk, dv))
+        # Compressed rows past cu_cmp[-1] are padding that the compression's backward never reads:
+        # their gradients need no zeros.
+        _, dk_cmp, dv_cmp = flash_backward(do_cmp, None, q_att, k_cmp, v_cmp, saved[_O_CMP], saved[_LSE_CMP],
+                                           cu_seqlens, cu_cmp, s, l - 1, NO_WINDOW, scale, False,
+                                           into=(dq, None, None))
+        if cos is not None:
+            start = tab[0].clamp(0, max(q.shape[0] - 1, 0))
+            dk_cmp = _rotate_back(dk_cmp, cos[start], sin[start])
+            dq, dk = _rotate_back(dq, cos, sin), _rotate_back(dk, cos, sin)
+        _, _, dw_k, dw_v, dpe = compress_backward(dk_cmp, dv_cmp, k, v, w_k, w_v, pe, tab, l, s, True, need_w, need_pe,
+                                                  into=(dk, dv))
     return dq, dk, dv, dw_k, dw_v, dpe, dgate
 
 

@@ -55,6 +55,7 @@ from ._triton import (
     search_steps,
     unit_last_stride,
 )
+from . import scratch
 from .library import grads_like, lse_like, op_or
 
 MASKS = ("window", "compressed")
@@ -551,38 +552,43 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
     dv = dv_in if dv_in is not None else alloc((total_k, h_kv, d), dtype=v.dtype, device=q.device)
     if total == 0 or total_k == 0:
         return (dq if dq_in is not None else dq.zero_()), dk, dv
-    lse_s, delta = _empty((2, h, total), torch.float32, q.device)  # head-major row statistics
-    _stats_kernel[(cdiv(total, 64), h)](
-        o, do, lse, dlse if dlse is not None else lse, lse_s, delta, total,
-        o.stride(0), o.stride(1), do.stride(0), do.stride(1), h, 1.0 / scale,
-        HAS_DLSE=dlse is not None, D=d, D_PAD=meta["D_PAD"], BLOCK_T=64,
-    )
-    common = (batch, search_steps(batch), group)
-    grid_q = lambda m: (batch + total // m["BLOCK_M"], h)
-    _dq_kernel[grid_q](
-        q, k, v, do, lse_s, delta, dq, cu_q, cu_k,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-        dq.stride(0), dq.stride(1), total, *common, scale, scale * LOG2E, key_stride, key_offset, window,
-        _size_class(total, h), **meta, ACCUMULATE=dq_in is not None, **_meta(32, 16),
-    )
-    chunks = _num_query_chunks(total, total_k, batch, h_kv, group, window, q.device)
-    # fp32 partials per query chunk, summed in a fixed order below (deterministic).
-    dk_out = dk[None] if chunks == 1 else alloc((chunks, total_k, h_kv, d), dtype=torch.float32, device=q.device)
-    dv_out = dv[None] if chunks == 1 else alloc((chunks, total_k, h_kv, d), dtype=torch.float32, device=q.device)
-    grid_k = lambda m: (batch + total_k // m["BLOCK_N"], h_kv, chunks)
-    _dkdv_kernel[grid_k](
-        q, k, v, do, lse_s, delta, dk_out, dv_out, cu_q, cu_k,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-        *dk_out.stride()[:3], *dv_out.stride()[:3], total,
-        *common, cdiv(total, chunks), scale, scale * LOG2E, key_stride, key_offset, window,
-        _size_class(total, h), **meta, ACCUMULATE=chunks == 1 and dk_in is not None, **_meta(16, 32),
-    )
-    if chunks > 1:
-        for grad, parts in ((dk, dk_out), (dv, dv_out)):
-            if dk_in is not None:
-                grad.add_(parts.sum(0))
-            else:
-                grad.copy_(parts.sum(0))
+    # The row statistics and the query chunks' partials are the call's scratch (ops.scratch).
+    key = ("flash.backward", *scratch.shapes(q, k, cu_q, cu_k), key_stride, key_offset, window, key_padding)
+    with scratch.planned(key, q.device):
+        lse_s, delta = scratch.empty((2, h, total), torch.float32, q.device)  # head-major row statistics
+        _stats_kernel[(cdiv(total, 64), h)](
+            o, do, lse, dlse if dlse is not None else lse, lse_s, delta, total,
+            o.stride(0), o.stride(1), do.stride(0), do.stride(1), h, 1.0 / scale,
+            HAS_DLSE=dlse is not None, D=d, D_PAD=meta["D_PAD"], BLOCK_T=64,
+        )
+        common = (batch, search_steps(batch), group)
+        grid_q = lambda m: (batch + total // m["BLOCK_M"], h)
+        _dq_kernel[grid_q](
+            q, k, v, do, lse_s, delta, dq, cu_q, cu_k,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+            dq.stride(0), dq.stride(1), total, *common, scale, scale * LOG2E, key_stride, key_offset, window,
+            _size_class(total, h), **meta, ACCUMULATE=dq_in is not None, **_meta(32, 16),
+        )
+        chunks = _num_query_chunks(total, total_k, batch, h_kv, group, window, q.device)
+        # fp32 partials per query chunk, summed in a fixed order below (deterministic).
+        # (Zeros where key padding leaves rows that no program writes.)
+        partials, shape = torch.zeros if key_padding else scratch.empty, (chunks, total_k, h_kv, d)
+        dk_out = dk[None] if chunks == 1 else partials(shape, dtype=torch.float32, device=q.device)
+        dv_out = dv[None] if chunks == 1 else partials(shape, dtype=torch.float32, device=q.device)
+        grid_k = lambda m: (batch + total_k // m["BLOCK_N"], h_kv, chunks)
+        _dkdv_kernel[grid_k](
+            q, k, v, do, lse_s, delta, dk_out, dv_out, cu_q, cu_k,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+            *dk_out.stride()[:3], *dv_out.stride()[:3], total,
+            *common, cdiv(total, chunks), scale, scale * LOG2E, key_stride, key_offset, window,
+            _size_class(total, h), **meta, ACCUMULATE=chunks == 1 and dk_in is not None, **_meta(16, 32),
+        )
+        if chunks > 1:
+            for grad, parts in ((dk, dk_out), (dv, dv_out)):
+                if dk_in is not None:
+                    grad.add_(parts.sum(0))
+                else:
+                    grad.copy_(parts.sum(0))
     return dq, dk, dv
 
 

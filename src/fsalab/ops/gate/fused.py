@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ...checks import check_tensor
+from .. import scratch
 from .._triton import cdiv, next_pow2
 from ..library import grads_like, op_or
 
@@ -95,10 +96,14 @@ def _forward(o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor, gate
     return out
 
 
-def _backward(do, o_cmp, o_slc, o_win, gate_logits) -> tuple[torch.Tensor, ...]:
-    """Gradients of (o_cmp, o_slc, o_win, gate_logits) for the output gradient do, one launch."""
+def _backward(do, o_cmp, o_slc, o_win, gate_logits, branches_in_scratch: bool = False) -> tuple[torch.Tensor, ...]:
+    """Gradients of (o_cmp, o_slc, o_win, gate_logits) for the output gradient do, one launch.
+    ``branches_in_scratch``: the three branches' gradients are the caller's scratch (``ops.scratch``:
+    the whole attention's backward, which consumes them)."""
     total, h, d = o_cmp.shape
-    grads = tuple(_empty(t.shape, t.dtype, t.device) for t in (o_cmp, o_slc, o_win, gate_logits))
+    branch = scratch.empty if branches_in_scratch else _empty
+    grads = (*(branch(t.shape, t.dtype, t.device) for t in (o_cmp, o_slc, o_win)),
+             _empty(gate_logits.shape, gate_logits.dtype, gate_logits.device))
     if do.numel():
         _launch(_gated_sum_bwd, total * h, d, do.contiguous(), o_cmp, o_slc, o_win, gate_logits, *grads)
     return grads

@@ -32,6 +32,7 @@ import torch
 
 from ... import settings
 from ...checks import check_kernel_call
+from .. import scratch
 from ..library import grads_like, lse_like, op_or
 from .index import SelectionIndex, build_selection_index, empty_index
 
@@ -128,7 +129,9 @@ def _decode(value: str) -> tuple[str, str]:
 def _run_forward(fwd: str, with_index: bool, q, k, v, block_idx, cu_seqlens, block_size, scale):
     """(o, lse, index) of impl ``fwd``; the index lists are built when the forward or a later
     backward needs them (every impl's backward does, NSA's forward does not)."""
-    index = build_selection_index(block_idx, cu_seqlens, block_size) if with_index or fwd != "nsa" else None
+    # Without a backward to keep them for, fsa's lists are the call's scratch.
+    index = (build_selection_index(block_idx, cu_seqlens, block_size, in_scratch=not with_index)
+             if with_index or fwd != "nsa" else None)
     o, lse = _module(fwd).forward_pass(q, k, v, block_idx, cu_seqlens, block_size, scale, index)
     return o, lse, index
 
@@ -138,7 +141,9 @@ def _forward_chosen(q, k, v, block_idx, cu_seqlens, block_size, scale, with_grad
     picks; with gradients the index is built for the backward (the arguments of the op
     ``fsalab::selected_attention_auto``)."""
     fwd, _ = choose(q, k, v, block_idx, cu_seqlens, block_size, scale, grad=with_grad)
-    o, lse, index = _run_forward(fwd, with_grad, q, k, v, block_idx, cu_seqlens, block_size, scale)
+    with scratch.planned(("auto.forward", *scratch.shapes(q, k, block_idx, cu_seqlens), block_size, fwd, with_grad),
+                         q.device):
+        o, lse, index = _run_forward(fwd, with_grad, q, k, v, block_idx, cu_seqlens, block_size, scale)
     return o, lse, index.tensors() if with_grad else []
 
 
@@ -147,8 +152,10 @@ def _backward_chosen(do, dlse, q, k, v, o, lse, block_idx, cu_seqlens, index, bl
     key), on the forward's ``SelectionIndex.tensors()`` (the arguments of the op
     ``fsalab::selected_attention_auto_backward``)."""
     _, bwd = choose(q, k, v, block_idx, cu_seqlens, block_size, scale, grad=True)
-    return _module(bwd).backward_pass(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, block_size, scale,
-                                      SelectionIndex.from_tensors(index))
+    with scratch.planned(("auto.backward", *scratch.shapes(q, k, block_idx, cu_seqlens), block_size, bwd,
+                          dlse is None), q.device):
+        return _module(bwd).backward_pass(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, block_size, scale,
+                                          SelectionIndex.from_tensors(index))
 
 
 class _Composed(torch.autograd.Function):
@@ -261,7 +268,9 @@ def choose(q, k, v, block_idx, cu_seqlens, block_size, scale=None, grad: bool | 
     if key not in _memory:
         grad = key.endswith("grad1")
         scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        choice = _profile(grad, q.detach(), k.detach(), v.detach(), block_idx, cu_seqlens, block_size, scale) or rule(g)
+        with scratch.suspended():
+            choice = _profile(grad, q.detach(), k.detach(), v.detach(), block_idx, cu_seqlens, block_size,
+                              scale) or rule(g)
         _memory[key] = _encode(choice, grad)
         _store(key, _memory[key])
     return _decode(_memory[key])

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from ...checks import check_kernel_call
+from .. import scratch
 from .._triton import LOG2E, cdiv, next_pow2
 from ..library import grads_like, lse_like, op_or
 from . import fsa_plan as plan
@@ -123,7 +124,7 @@ def _strides(pb: _Problem) -> tuple[int, ...]:
 
 def _nonfinite_blocks(pb: _Problem) -> torch.Tensor:
     """int32 [h_kv * cap]: 1 for the CSR rows (KV head, block) whose values hold a NaN or Inf."""
-    flags = torch.empty(pb.h_kv * pb.cap, dtype=torch.int32, device=pb.q.device)
+    flags = scratch.empty(pb.h_kv * pb.cap, torch.int32, pb.q.device)
     _nonfinite_blocks_kernel[(pb.cap, pb.h_kv)](
         pb.v, pb.index.block_start, pb.index.block_len, flags, pb.cap, pb.v.stride(0), pb.v.stride(1), pb.d,
         BLOCK_N=min(64, pb.block_size), D=pb.D,
@@ -191,8 +192,8 @@ def _chunk_buffers(pb, chunks, dtype, with_lse: bool):
     """Partial buffers ([rows, d] in dtype, and [rows] fp32 lse) sized for the largest chunk
     (rows = entries x heads), reused by every chunk."""
     rows = max(pb.entries(c.n_kv) * c.heads for c in chunks)
-    obuf = torch.empty(rows * pb.d, dtype=dtype, device=pb.q.device)
-    lbuf = torch.empty(rows, dtype=torch.float32, device=pb.q.device) if with_lse else None
+    obuf = scratch.empty(rows * pb.d, dtype, pb.q.device)
+    lbuf = scratch.empty(rows, torch.float32, pb.q.device) if with_lse else None
     return obuf, lbuf
 
 
@@ -237,7 +238,7 @@ def _forward_paper(pb: _Problem, inner_loop: bool, early_return: bool):
     # through the natural-log lse it would carry two more roundings of a value as large as the
     # largest logit into every p, and through o's error into delta and the gradients
     # (test_fsa_large_logits at FSALAB_SEED=1674444779 exceeds the fp32 dq bound without it).
-    lse2 = torch.empty_like(lse)
+    lse2 = scratch.empty(lse.shape, lse.dtype, lse.device)
     for c in chunks:
         _launch_partial(pb, c, tiles, STATS, None, lbuf, paper_switches=switches)
         _launch_merge(pb, c, LSE_ONLY, None, lbuf, lse2, lse)
@@ -249,7 +250,7 @@ def _forward_paper(pb: _Problem, inner_loop: bool, early_return: bool):
 def _delta(o, do, dlse):
     """delta [total, h] fp32 = rowsum(o * dO) - dlse."""
     total, h, d = o.shape
-    delta = torch.empty(total, h, dtype=torch.float32, device=o.device)
+    delta = scratch.empty((total, h), torch.float32, o.device)
     _delta_kernel[(cdiv(total * h, 64),)](
         o, do, delta if dlse is None else dlse, delta, total * h, d,
         HAS_DLSE=dlse is not None, BLOCK=64, D=max(16, next_pow2(d)), num_warps=4,
@@ -288,8 +289,8 @@ def _split_work(pb, chunks, tiles):
     per_item = tiles.tok * plan.split_tiles(tiles.tok, pb.entries(n_kv), pb.block_size, pb.d)
     work = plan.work_list(pb.index.row_ptr, pb.entries(pb.h_kv), per_item, min_one=True, split_slots=True)
     n_slots = 2 * pb.entries(n_kv) // per_item + 1
-    dkp = torch.empty(n_slots * pb.block_size * pb.d, dtype=torch.float32, device=pb.q.device)
-    return work, dkp, torch.empty_like(dkp)
+    dkp = scratch.empty(n_slots * pb.block_size * pb.d, torch.float32, pb.q.device)
+    return work, dkp, scratch.empty(dkp.shape, dkp.dtype, dkp.device)
 
 
 def _dkdv_all_heads(pb, do, lse, delta, dk, dv):
@@ -372,8 +373,10 @@ def _forward_indexed(q, k, v, block_idx, cu_seqlens, block_size, scale, paper, i
     """(o, lse, ``SelectionIndex.tensors()``): the index lists, then the forward of the paper's
     kernels (with their switches) or the fast ones; contiguous inputs, float ``scale`` (the
     arguments of the op ``fsalab::selected_attention_fsa``)."""
-    pb = _Problem(q, k, v, build_selection_index(block_idx, cu_seqlens, block_size), block_size, scale)
-    o, lse = _forward_paper(pb, inner_loop, early_return) if paper else _forward_fast(pb)
+    key = ("fsa.forward", *scratch.shapes(q, k, block_idx, cu_seqlens), block_size, paper, inner_loop, early_return)
+    with scratch.planned(key, q.device):
+        pb = _Problem(q, k, v, build_selection_index(block_idx, cu_seqlens, block_size), block_size, scale)
+        o, lse = _forward_paper(pb, inner_loop, early_return) if paper else _forward_fast(pb)
     return o, lse, pb.index.tensors()
 
 
@@ -381,9 +384,12 @@ def _backward_on(do, dlse, q, k, v, o, lse, index, block_size, scale, paper, inn
     """(dq, dk, dv) of the backward of the forward's kind, on its ``SelectionIndex.tensors()``
     (the arguments of the op ``fsalab::selected_attention_fsa_backward``)."""
     pb = _Problem(q, k, v, SelectionIndex.from_tensors(index), block_size, scale)
-    if paper:
-        return _backward_paper(pb, o, lse, do, dlse, inner_loop, early_return)
-    return _backward_fast(pb, o, lse, do, dlse)
+    key = ("fsa.backward", *scratch.shapes(q, k, index[2], index[1]), dlse is None, block_size, paper, inner_loop,
+           early_return)
+    with scratch.planned(key, q.device):
+        if paper:
+            return _backward_paper(pb, o, lse, do, dlse, inner_loop, early_return)
+        return _backward_fast(pb, o, lse, do, dlse)
 
 
 class _FSAFunction(torch.autograd.Function):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import scratch
 from .._triton import cdiv, next_pow2, search_steps
 from .index_kernels import _csr_kernel, _entry_keys_kernel, _token_start_kernel
 
@@ -79,30 +80,38 @@ def block_capacity(total_tokens: int, batch: int, block_size: int) -> int:
     return total_tokens // block_size + batch
 
 
-def empty_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, block_size: int) -> SelectionIndex:
+def empty_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, block_size: int,
+                in_scratch: bool = False) -> SelectionIndex:
     """An index of unwritten tensors with the shapes ``build_selection_index`` gives these inputs
-    (it fills one; the ops' fake kernels return one)."""
+    (it fills one; the ops' fake kernels return one); ``in_scratch``: the caller's scratch
+    (``ops.scratch``), for lists that do not outlive its call."""
     total, h_kv, topk = block_idx.shape
     capacity = block_capacity(total, cu_seqlens.shape[0] - 1, block_size)
     n = total * h_kv * topk
-    empty = functools.partial(torch.empty, dtype=torch.int32, device=block_idx.device)
+    device = block_idx.device
+    if in_scratch:
+        empty = lambda size: scratch.empty(size, torch.int32, device)  # noqa: E731
+    else:
+        empty = functools.partial(torch.empty, dtype=torch.int32, device=device)
     return SelectionIndex(empty(cu_seqlens.shape[0]), empty(h_kv * capacity + 1), empty(n), empty(n),
                           empty(n).view(total, h_kv, topk), empty(capacity), empty(capacity), empty(capacity), capacity)
 
 
 @torch.no_grad()
-def build_selection_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, block_size: int) -> SelectionIndex:
+def build_selection_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, block_size: int,
+                          in_scratch: bool = False) -> SelectionIndex:
     """Transpose block_idx int32 [total, h_kv, topk] (local block ids, -1 padding) into CSR lists.
 
     Entries with block_idx < 0 are left out (their slot_pos is -1). Runs on block_idx's device
     with no host synchronisation; every output is sized from shapes only. Launches: the key
-    kernel, torch.sort, the unpacking kernel.
+    kernel, torch.sort, the unpacking kernel. ``in_scratch``: the lists are the caller's scratch
+    (``ops.scratch``: a backward's own lists, not kept after its call).
     """
     total, h_kv, topk = block_idx.shape
     n = total * h_kv * topk
     if n >= 2**31:
         raise ValueError(f"the selection index addresses entries with int32: total * h_kv * topk = {n} >= 2**31")
-    out = empty_index(block_idx, cu_seqlens, block_size)
+    out = empty_index(block_idx, cu_seqlens, block_size, in_scratch)
     batch, capacity = cu_seqlens.numel() - 1, out.block_capacity
     num_rows = h_kv * capacity
     block_idx = block_idx.contiguous()
@@ -110,7 +119,7 @@ def build_selection_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, blo
     pad_key = h_kv * total  # sorts after every valid key (see index_kernels)
     batch_steps = search_steps(batch)
 
-    keys = torch.empty(n, dtype=torch.int32, device=block_idx.device)
+    keys = scratch.empty(n, torch.int32, block_idx.device)
     per_token = h_kv * topk
     ht_pad = next_pow2(per_token)
     tok = max(1, _BLOCK // ht_pad)
@@ -119,7 +128,8 @@ def build_selection_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, blo
         HT=per_token, HT_PAD=ht_pad, TOK=tok, BLOCK_B=_BLOCK, num_warps=4,
     )
     # Token-major enumeration + stable sort = tokens ascending inside each row, deterministically.
-    sorted_key, order = torch.sort(keys, stable=True)
+    sorted_key, order = scratch.empty(n, torch.int32, keys.device), scratch.empty(n, torch.int64, keys.device)
+    torch.sort(keys, stable=True, out=(sorted_key, order))
 
     grid = max(cdiv(n, _BLOCK), cdiv(num_rows + 1, _BLOCK_ROWS))
     _csr_kernel[(grid,)](

@@ -35,6 +35,7 @@ import triton.language as tl
 from ...checks import check_kernel_call
 from .._triton import LN2_C, LOG2E, LOG2E_C, autotune, dot_precision, interpreter_meta, next_pow2
 from ..library import grads_like, lse_like, op_or
+from .. import scratch
 from . import worklist
 from .index import SelectionIndex, build_selection_index, token_starts
 
@@ -398,7 +399,7 @@ def _bwd_dq(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale, 
     """(dq [total, h, d], delta [total, h] fp32) from the query-outer kernel; total > 0."""
     meta = _kernel_meta(q, k, block_size)
     dq = torch.empty_like(q)
-    delta = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    delta = scratch.empty(q.shape[:2], torch.float32, q.device)
     _bwd_dq_kernel[(q.shape[0], meta["H_KV"])](
         q, k, v, o, do, lse, dlse if dlse is not None else lse, delta, dq, block_idx, tok_start,
         scale, scale * LOG2E, HAS_DLSE=dlse is not None, PREFETCH=prefetch, **meta,
@@ -434,8 +435,8 @@ def _bwd_dkdv(q, k, v, do, lse, delta, token_ids, row_ptr, plan, block_size, sca
     max_extra, num_rows, capacity = plan["max_extra"], plan["num_rows"], plan["capacity"]
     common = (plan["extra_ptr"], plan["extra_row"], plan["block_start"], plan["block_len"])
     # fp32 partials; one unused tile when max_extra = 0 (same kernel signature, no null pointer).
-    buf_dk = torch.empty(max(2 * max_extra, 1), block_size, k.shape[2], dtype=torch.float32, device=q.device)
-    buf_dv = torch.empty_like(buf_dk)
+    buf_dk = scratch.empty((max(2 * max_extra, 1), block_size, k.shape[2]), torch.float32, q.device)
+    buf_dv = scratch.empty(buf_dk.shape, buf_dk.dtype, q.device)
     _bwd_dkdv_kernel[lambda launch: ((max_extra + num_rows) * (block_size // launch["BLOCK_N"]),)](
         q, k, v, do, lse, delta, dk, dv, token_ids, row_ptr, *common, buf_dk, buf_dv,
         scale, scale * LOG2E, capacity, num_rows, max_extra, SEG=plan["seg"], PREFETCH=prefetch,
@@ -477,11 +478,13 @@ def backward_pass(q, k, v, o, lse, do, dlse, block_idx, cu_seqlens, block_size, 
 def _backward_on(do, dlse, q, k, v, o, lse, block_idx, cu_seqlens, tok_start, block_size, scale, index):
     """(dq, dk, dv) on the index lists ``index`` (``SelectionIndex.tensors()``), or on lists built
     here where it is empty (the forward needs none)."""
-    if not index:
-        index = build_selection_index(block_idx, cu_seqlens, block_size)
-    else:
-        index = SelectionIndex.from_tensors(index)
-    return _backward(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale, index)
+    key = ("nsa.backward", *scratch.shapes(q, k, block_idx, cu_seqlens), dlse is None, block_size, bool(index))
+    with scratch.planned(key, q.device):
+        if not index:
+            index = build_selection_index(block_idx, cu_seqlens, block_size, in_scratch=True)
+        else:
+            index = SelectionIndex.from_tensors(index)
+        return _backward(q, k, v, o, lse, do, dlse, block_idx, tok_start, block_size, scale, index)
 
 
 class _SelectedAttentionNSA(torch.autograd.Function):

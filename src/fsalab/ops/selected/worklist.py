@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import scratch
 from .._triton import cdiv, search_steps
 from ._search import count_below
 
@@ -102,9 +103,9 @@ def scan_rows(
     head * capacity + block), max_rest int32 [] is the longest row over non-sink blocks."""
     rows = row_ptr.numel() - 1
     device = row_ptr.device
-    out1 = torch.empty(rows + 1, dtype=torch.int32, device=device) if first else None
-    out2 = torch.empty(rows + 1, dtype=torch.int32, device=device) if second else None
-    best = torch.empty((), dtype=torch.int32, device=device) if local is not None else None
+    out1 = scratch.empty(rows + 1, torch.int32, device) if first else None
+    out2 = scratch.empty(rows + 1, torch.int32, device) if second else None
+    best = scratch.empty((), torch.int32, device) if local is not None else None
     dummy = row_ptr  # never touched: the matching switch is off
     cap = 1 if local is None else max(local.numel(), 1)
     _row_scan_kernel[(1,)](
@@ -119,8 +120,8 @@ def row_items(first: torch.Tensor, n_items: int, with_sub: bool = True) -> tuple
     """(item_row, item_sub) int32 [n_items] of the scan ``first`` [rows + 1]; items past
     first[rows] get row = rows (and an unused sub)."""
     rows = first.numel() - 1
-    item_row = torch.empty(n_items, dtype=torch.int32, device=first.device)
-    item_sub = torch.empty(n_items, dtype=torch.int32, device=first.device) if with_sub else None
+    item_row = scratch.empty(n_items, torch.int32, first.device)
+    item_sub = scratch.empty(n_items, torch.int32, first.device) if with_sub else None
     if n_items > 0:
         _items_kernel[(cdiv(n_items, _ITEM_BLOCK),)](
             first, rows, n_items, search_steps(rows), item_row, item_row if item_sub is None else item_sub,

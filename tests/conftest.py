@@ -80,6 +80,7 @@ def poison_every_allocation(monkeypatch):
     ``fsalab.testing.poisoned_allocations`` leaves alone, and the ops' scratch (``ops.scratch``)."""
     from fsalab.ops import scratch
 
+    @torch.no_grad()  # a leaf that requires grad (torch.utils.checkpoint's dummy) is filled as well
     def poisoned(t):
         if t.is_floating_point():
             return t.fill_(float("nan"))

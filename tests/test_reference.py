@@ -139,3 +139,15 @@ def test_selected_reference_keeps_no_gathered_kv_for_the_backward(monkeypatch, g
     assert kept < 4 * inputs < gathered
     for a, b in zip(whole, chunked):  # dK/dV sum the chunks in another order: fp32 rounding only
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+
+@pytest.mark.usefixtures("poison_every_allocation")
+def test_poisoned_allocations_fill_leaves_that_require_grad():
+    """The GPU tests compare kernels with this reference under ``poison_every_allocation``; its
+    backward recomputes chunks under torch.utils.checkpoint, which (torch 2.11) allocates
+    ``torch.empty((0,), requires_grad=True)``: the fixture fills such a leaf without an in-place
+    error, and it stays a leaf that requires grad."""
+    leaf = torch.empty(3, requires_grad=True)
+    assert leaf.is_leaf and leaf.requires_grad and torch.isnan(leaf).all()
+    assert torch.empty((0,), requires_grad=True).requires_grad

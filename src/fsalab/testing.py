@@ -151,6 +151,7 @@ def poisoned_allocations():
 
     empty, empty_like, handed_out = torch.empty, torch.empty_like, scratch.handed_out
 
+    @torch.no_grad()  # a leaf that requires grad (torch.utils.checkpoint's dummy) is filled as well
     def fill(t):
         return t.fill_(float("nan")) if t.is_floating_point() else t
 

@@ -65,10 +65,10 @@ def poison_flash_buffers(monkeypatch):
     unwritten element fails the comparison. Modules of ops built on them use it for every test
     (``pytestmark = pytest.mark.usefixtures("poison_flash_buffers")``)."""
     from fsalab.ops import flash, scratch
-    from fsalab.testing import poison
+    from fsalab.testing import nan_filled, poison
 
     monkeypatch.setattr(flash, "_empty", poison)
-    monkeypatch.setattr(scratch, "handed_out", lambda t: t.fill_(float("nan")) if t.is_floating_point() else t)
+    monkeypatch.setattr(scratch, "handed_out", nan_filled)
 
 
 @pytest.fixture

@@ -142,6 +142,12 @@ def poison(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: torc
     return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
 
 
+@torch.no_grad()  # a leaf that requires grad (torch.utils.checkpoint's dummy) is filled as well
+def nan_filled(t: torch.Tensor) -> torch.Tensor:
+    """t filled with NaN in place where it is floating (others as they are): a poisoned buffer."""
+    return t.fill_(float("nan")) if t.is_floating_point() else t
+
+
 @contextlib.contextmanager
 def poisoned_allocations():
     """Within the block, torch.empty / empty_like and the ops' scratch (``ops.scratch``, also
@@ -150,14 +156,9 @@ def poisoned_allocations():
     from .ops import scratch
 
     empty, empty_like, handed_out = torch.empty, torch.empty_like, scratch.handed_out
-
-    @torch.no_grad()  # a leaf that requires grad (torch.utils.checkpoint's dummy) is filled as well
-    def fill(t):
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = lambda *a, **kw: fill(empty(*a, **kw))
-    torch.empty_like = lambda *a, **kw: fill(empty_like(*a, **kw))
-    scratch.handed_out = fill
+    torch.empty = lambda *a, **kw: nan_filled(empty(*a, **kw))
+    torch.empty_like = lambda *a, **kw: nan_filled(empty_like(*a, **kw))
+    scratch.handed_out = nan_filled
     try:
         yield
     finally:

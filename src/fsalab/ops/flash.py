@@ -36,6 +36,7 @@ gradient on lse).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -572,9 +573,10 @@ def _backward(do, dlse, q, k, v, o, lse, cu_q, cu_k, key_stride, key_offset, win
         chunks = _num_query_chunks(total, total_k, batch, h_kv, group, window, q.device)
         # fp32 partials per query chunk, summed in a fixed order below (deterministic).
         # (Zeros where key padding leaves rows that no program writes.)
-        partials, shape = torch.zeros if key_padding else scratch.empty, (chunks, total_k, h_kv, d)
-        dk_out = dk[None] if chunks == 1 else partials(shape, dtype=torch.float32, device=q.device)
-        dv_out = dv[None] if chunks == 1 else partials(shape, dtype=torch.float32, device=q.device)
+        partials = functools.partial(torch.zeros if key_padding else scratch.empty, (chunks, total_k, h_kv, d),
+                                     dtype=torch.float32, device=q.device)
+        dk_out = dk[None] if chunks == 1 else partials()
+        dv_out = dv[None] if chunks == 1 else partials()
         grid_k = lambda m: (batch + total_k // m["BLOCK_N"], h_kv, chunks)
         _dkdv_kernel[grid_k](
             q, k, v, do, lse_s, delta, dk_out, dv_out, cu_q, cu_k,

@@ -6,8 +6,9 @@ statistics) come from ``empty`` here: inside a ``planned(key, device)`` scope, t
 of a key allocates each buffer on its own and records their sizes; later calls of that key
 allocate the recorded total once and hand out aligned views of it in request order. A request
 past the planned total gets its own allocation, and the plan grows to what the call used, so a
-key whose requests change (the dispatcher's first, profiling call) costs allocations, never a
-wrong buffer. Scopes nest: an inner scope inside an outer one hands out the outer one's buffer.
+key whose requests change costs allocations, never a wrong buffer. Scopes nest: an inner scope
+inside an outer one hands out the outer one's buffer; a ``suspended`` block (the dispatcher's
+profiling of every candidate) allocates its own.
 
 Outputs and tensors saved for the backward never come from here: a saved view would keep the
 whole scratch alive, and a custom op's outputs may not alias each other. Every size is a function

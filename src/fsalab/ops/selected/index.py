@@ -88,11 +88,7 @@ def empty_index(block_idx: torch.Tensor, cu_seqlens: torch.Tensor, block_size: i
     total, h_kv, topk = block_idx.shape
     capacity = block_capacity(total, cu_seqlens.shape[0] - 1, block_size)
     n = total * h_kv * topk
-    device = block_idx.device
-    if in_scratch:
-        empty = lambda size: scratch.empty(size, torch.int32, device)  # noqa: E731
-    else:
-        empty = functools.partial(torch.empty, dtype=torch.int32, device=device)
+    empty = functools.partial(scratch.empty if in_scratch else torch.empty, dtype=torch.int32, device=block_idx.device)
     return SelectionIndex(empty(cu_seqlens.shape[0]), empty(h_kv * capacity + 1), empty(n), empty(n),
                           empty(n).view(total, h_kv, topk), empty(capacity), empty(capacity), empty(capacity), capacity)
 

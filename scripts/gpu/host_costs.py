@@ -4,7 +4,10 @@ NSA attention").
 
 - torch.sort (stable, int32 keys with their order, as ``ops.selected.index`` calls it) of the
   entries of one whole-attention call: total x 4 KV heads x 16 slots at 32K and 64K; the keys
-  span [0, 4 * total] as the index's do. Device time by CUDA events (median of 50 after 5 warm-up
+  span [0, 4 * total] as the index's do. Beside it, the same order by other torch calls: with
+  ``out=`` into buffers of the call's scratch (as the index calls it), ``torch.argsort``, and an
+  unstable sort of int64 keys ``key << 32 | entry`` (unique, so any sort is deterministic and
+  stable), the candidates for a cheaper host path. Device time by CUDA events (median of 50 after 5 warm-up
   calls), host time per call (median of 50 enqueues with the GPU busy, so no call waits on it).
 - torch.empty on the GPU (through the caching allocator, a block it has cached): host time per
   call, median of 20 rounds of 200 calls.
@@ -57,10 +60,18 @@ def main() -> None:
     for total in (32768, 65536):
         n = total * 4 * 16
         keys = torch.randint(0, 4 * total, (n,), dtype=torch.int32, device="cuda")
-        fn = lambda keys=keys: torch.sort(keys, stable=True)  # noqa: E731
-        row = {"what": "sort", "total": total, "entries": n, "device_ms": device_ms(fn), "host_us": host_us(fn)}
-        rows.append(row)
-        print(row, flush=True)
+        packed = (keys.to(torch.int64) << 32) | torch.arange(n, device="cuda")
+        out = (torch.empty_like(keys), torch.empty(n, dtype=torch.int64, device="cuda"))
+        variants = {
+            "sort": lambda keys=keys: torch.sort(keys, stable=True),
+            "sort_out": lambda keys=keys, out=out: torch.sort(keys, stable=True, out=out),
+            "argsort": lambda keys=keys: torch.argsort(keys, stable=True),
+            "sort_unique_int64": lambda packed=packed: torch.sort(packed),
+        }
+        for what, fn in variants.items():
+            row = {"what": what, "total": total, "entries": n, "device_ms": device_ms(fn), "host_us": host_us(fn)}
+            rows.append(row)
+            print(row, flush=True)
     torch.empty(1 << 20, device="cuda")  # a cached block for the calls below
     rounds = []
     for _ in range(20):

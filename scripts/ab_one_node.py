@@ -6,6 +6,8 @@ Prints a correctness line per shape (forward bits, gradients' largest relative d
 launches) and a table last; writes ab_node.json to $OUT (default /tmp).
 ``AB_SMOKE=1`` runs one tiny shape on the CPU under the Triton interpreter (a check of the script);
 ``AB_SHAPES=65536:4`` times only the listed (N, g), ``AB_ROUNDS`` sets the interleaved rounds (20).
+``AB_PROFILE=1`` then prints, per shape and call, the GPU time of each kernel over 5 calls under
+torch.profiler, node and composed side by side (where their times differ).
 
     PYTHONPATH=src python scripts/ab_one_node.py
 """
@@ -43,6 +45,29 @@ SHAPES = [(64, 1)] if SMOKE else [(8192, 1), (16384, 1), (32768, 1), (65536, 1),
 if os.environ.get("AB_SHAPES"):  # e.g. "65536:4,32768:5": only these (N, g)
     SHAPES = [tuple(int(x) for x in shape.split(":")) for shape in os.environ["AB_SHAPES"].split(",")]
 ROUNDS = int(os.environ.get("AB_ROUNDS", "20"))  # interleaved rounds per shape (more: a tighter median)
+PROFILE = os.environ.get("AB_PROFILE") == "1"
+
+
+def kernel_ms(fn, calls: int = 5) -> dict[str, float]:
+    """GPU ms per call of each kernel name over ``calls`` calls of fn (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key: e.device_time_total / 1e3 / calls for e in prof.key_averages() if e.device_time_total > 0}
+
+
+def print_profiles(fns) -> None:
+    for what in ("fwd", "fwd+bwd"):
+        node, comp = kernel_ms(fns[f"fused {what}"]), kernel_ms(fns[f"composed {what}"])
+        print(f"  {what}: GPU ms per call by kernel, node / composed (total {sum(node.values()):.3f} / {sum(comp.values()):.3f})")
+        for name in sorted(set(node) | set(comp), key=lambda k: -max(node.get(k, 0), comp.get(k, 0))):
+            a, b = node.get(name, 0.0), comp.get(name, 0.0)
+            if abs(a - b) > 0.01 or max(a, b) > 0.5:
+                print(f"    {a:8.3f} {b:8.3f}  {name[:100]}")
 for N, g in SHAPES:
     h_kv, d = (1, 16) if SMOKE else (4, 128)
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -92,6 +117,8 @@ for N, g in SHAPES:
     print(f"  N={N} g={g} fused/composed/cudnn ms: fwd {m('fused fwd'):.3f}/{m('composed fwd'):.3f}/{m('cudnn fwd'):.3f} "
           f"fwd+bwd {m('fused fwd+bwd'):.3f}/{m('composed fwd+bwd'):.3f}/{m('cudnn fwd+bwd'):.3f}", flush=True)
     json.dump(rows, open(os.path.join(os.environ.get("OUT", "/tmp"), "ab_node.json"), "w"), indent=1)
+    if PROFILE and not SMOKE:
+        print_profiles(fns)
     del leaves, q, k, v, args, fns
     torch.cuda.empty_cache()
 

@@ -148,6 +148,26 @@ def test_the_test_suites_no_autotune_flag_reaches_the_settings(pytester_probe):
     assert pytester_probe("--no-autotune") == "autotune=False"
 
 
+def test_each_test_worker_gets_its_share_of_the_cores(tmp_path):
+    """Under ``pytest -n 2`` (``make test``) each worker starts with the thread pools of numpy's
+    BLAS and of OpenMP sized to its share of the cores (tests/conftest.py), not a thread per core
+    each; a variable the caller set is kept."""
+    import os
+
+    (tmp_path / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    share = max(1, (os.cpu_count() or 1) // 2)
+    (tmp_path / "test_probe.py").write_text(
+        "import os\n\n\ndef test_probe():\n"
+        "    assert os.environ.get('PYTEST_XDIST_WORKER')\n"
+        f"    assert os.environ['OPENBLAS_NUM_THREADS'] == os.environ['OMP_NUM_THREADS'] == '{share}'\n"
+        "    assert os.environ['MKL_NUM_THREADS'] == '7'\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    env["MKL_NUM_THREADS"] = "7"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "test_probe.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
 @pytest.fixture
 def pytester_probe(tmp_path):
     """Runs a one-test session of this suite's conftest with the given pytest arguments (no

@@ -161,7 +161,9 @@ def test_each_test_worker_gets_its_share_of_the_cores(tmp_path):
         "    assert os.environ.get('PYTEST_XDIST_WORKER')\n"
         f"    assert os.environ['OPENBLAS_NUM_THREADS'] == os.environ['OMP_NUM_THREADS'] == '{share}'\n"
         "    assert os.environ['MKL_NUM_THREADS'] == '7'\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    # A fresh session: not a worker of this one (make test runs this test inside one).
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS") and not k.startswith("PYTEST_XDIST")}
     env["MKL_NUM_THREADS"] = "7"
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "test_probe.py"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)

@@ -17,7 +17,7 @@ import torch
 from fsalab.config import NSAConfig
 from fsalab.ops import attention
 from fsalab.ops.decode import NSADecodeCache
-from fsalab.testing import cu_seqlens_of, make_batch, poisoned_allocations
+from fsalab.testing import LaunchCounter, cu_seqlens_of, make_batch, poisoned_allocations
 
 CFG = NSAConfig(kernel_size=16, kernel_stride=8, block_size=16, topk=2, init_blocks=1, local_blocks=1, window_size=16)
 # A sequence of several blocks and compressed tokens, one of one token, one shorter than a block.
@@ -68,6 +68,31 @@ def test_one_node_matches_the_composed_branches(selection, rotary, monkeypatch):
         # Each sum rounds once in the kernels, after each addend in autograd's: a few fp16 ulps.
         bound = 4 * torch.finfo(torch.float16).eps * max(b.abs().max().item(), 1.0)
         assert (a.float() - b.float()).abs().max().item() <= bound, name
+
+
+def _forward_launches(monkeypatch, fused: bool, leaves, cu) -> list:
+    """(kernel, its constexpr and launch-option keywords) of each Triton launch of one forward
+    without gradients, in order."""
+    seen = []
+
+    def record(kernel, args, kwargs):
+        seen.append((kernel.fn.__name__, {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")}))
+
+    with monkeypatch.context() as m, torch.no_grad(), LaunchCounter(on_triton_launch=record):
+        if not fused:
+            m.setattr(attention, "fused", lambda *a: False)
+        attention.nsa_attention(*leaves, cu, CFG, None, "triton", "fsa", "triton", "triton")
+    return seen
+
+
+@pytest.mark.slow(10)
+def test_one_node_forward_launches_the_composed_forwards_kernels(monkeypatch):
+    """The node's forward and the composed one launch the same kernels with the same tiles in the
+    same order (docs/performance.md: their GPU times still differ at 64K, g = 4)."""
+    leaves, cu, _ = _inputs(torch.float16, rotary=False)
+    node = _forward_launches(monkeypatch, True, leaves, cu)
+    assert len(node) > 10
+    assert node == _forward_launches(monkeypatch, False, leaves, cu)
 
 
 @pytest.mark.slow(15)

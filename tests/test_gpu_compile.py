@@ -90,8 +90,11 @@ def test_patched_decoder_layer_compiles_with_cuda_graphs(model, monkeypatch, tmp
     """One decoder layer of the patched architecture (tiny widths, the model's g and head dim)."""
     pytest.importorskip("transformers")
     monkeypatch.setenv("FSALAB_DISPATCH_CACHE", str(tmp_path / "dispatch.json"))
-    net, _, hidden = tiny_patched_layer(model, "auto", SPARSE)
+    net, layer, hidden = tiny_patched_layer(model, "auto", SPARSE)
     x = torch.randn(1, 2048, hidden, device="cuda", dtype=torch.bfloat16)
     positions = torch.arange(2048, device="cuda")[None]
-    _check_sparse_and_every_block(lambda config: tiny_patched_layer(model, "auto", config)[1], x,
-                                  position_embeddings=net.model.rotary_emb(x, positions))
+
+    def build(config):
+        return layer if config is SPARSE else tiny_patched_layer(model, "auto", config)[1]
+
+    _check_sparse_and_every_block(build, x, position_embeddings=net.model.rotary_emb(x, positions))

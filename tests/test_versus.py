@@ -54,7 +54,7 @@ def test_smoke_group_writes_a_row_per_impl(tmp_path):
     assert table["split_selected_ms"].notna().sum() == 3
 
 
-def test_interleaved_calls_round_robin():
+def test_interleaved_calls_round_robin_each_round_one_place_later():
     calls = []
 
     def fake(name):
@@ -62,7 +62,7 @@ def test_interleaved_calls_round_robin():
 
     out = timing.interleaved({n: fake(n) for n in "abc"}, torch.device("cpu"), "wallclock",
                              timing.Rounds(rounds=3, min_rounds=1, rep_ms=0.0, budget_ms=1e9, max_rounds=10), warmup=1)
-    assert calls == list("abc") * 4  # one warm-up round, then three timed ones
+    assert calls == list("abc") + list("abc") + list("bca") + list("cab")  # a warm-up round, three rotated ones
     assert all(len(t.samples_ms) == 3 for t in out.values())
 
 
@@ -79,7 +79,7 @@ def test_interleaved_stops_slow_and_failing_callables_but_goes_on():
     out = timing.interleaved({"ok": lambda: calls.append("ok"), "boom": boom}, torch.device("cpu"), "wallclock",
                              timing.Rounds(rounds=4, min_rounds=1, rep_ms=0.0, budget_ms=1e9), warmup=1)
     assert isinstance(out["boom"], RuntimeError) and len(out["ok"].samples_ms) == 4
-    assert calls == ["ok", "boom", "ok", "boom", "ok", "boom", "ok", "ok"]
+    assert calls == ["ok", "boom", "ok", "boom", "boom", "ok", "ok", "ok"]  # the second round starts at "boom"
 
 
 @pytest.mark.parametrize(("n", "total", "active"), [

@@ -19,6 +19,7 @@ records a callable into a CUDA graph whose replay is timed like any other callab
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -212,7 +213,9 @@ def interleaved(
     raised) per name.
 
     Every callable is called ``warmup`` times untimed first (compile, autotune, ``auto`` dispatch
-    profiling). Then each round calls every still-active callable once, in ``fns`` order: with
+    profiling). Then each round calls every still-active callable once, in ``fns`` order rotated
+    by one place a round (round r starts at the r-th), so no callable always runs right after the
+    same one (a long callable can leave the clocks in a state that the next one inherits). With
     ``cuda_events`` (``auto`` on CUDA; ``do_bench`` is taken to mean it) from an idle device
     (synced), after zeroing a 256 MiB buffer (L2 flush), between two CUDA events read at the
     round's end. The sync before each call matters where a call is host-bound: without it, a
@@ -234,10 +237,12 @@ def interleaved(
         except Exception as exc:  # noqa: BLE001 - a failing callable must not stop the others
             results[name] = exc
     flush = _l2_flush_buffer(device) if cuda else None
-    while True:
+    for round_index in itertools.count():
         active = [n for n in samples if n not in results and rounds.active(len(samples[n]), sum(samples[n]))]
         if not active:
             break
+        shift = round_index % len(active)
+        active = active[shift:] + active[:shift]
         events = {}
         for name in active:
             try:
@@ -261,7 +266,7 @@ def interleaved(
             torch.cuda.synchronize(device)
             for name, (start, end) in events.items():
                 samples[name].append(float(start.elapsed_time(end)))
-    settings = {"interleaved": list(fns), "warmup": warmup, "l2_flush": cuda, "synced_before_each_call": True, "rounds": rounds.rounds, "min_rounds": rounds.min_rounds,
+    settings = {"interleaved": list(fns), "rotated": True, "warmup": warmup, "l2_flush": cuda, "synced_before_each_call": True, "rounds": rounds.rounds, "min_rounds": rounds.min_rounds,
                 "rep_ms": rounds.rep_ms, "budget_ms": rounds.budget_ms, "max_rounds": rounds.max_rounds}
     for name, xs in samples.items():
         if name not in results:

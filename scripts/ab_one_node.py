@@ -3,7 +3,7 @@
 "composed"), cuDNN's causal attention beside, interleaved in one process (``bench.timing.interleaved``:
 eager, CUDA events, L2 flushed), bf16, 4 KV heads, d = 128, the published config, one sequence.
 Prints a correctness line per shape (forward bits, gradients' largest relative difference,
-launches) and a table last; writes ab_node.json to $OUT (default /tmp).
+launches), each callable's median by the callable that ran just before it, and a table last; writes ab_node.json to $OUT (default /tmp).
 ``AB_SMOKE=1`` runs one tiny shape on the CPU under the Triton interpreter (a check of the script);
 ``AB_SHAPES=65536:4`` times only the listed (N, g), ``AB_ROUNDS`` sets the interleaved rounds (20).
 ``AB_PROFILE=1`` then prints, per shape and call, the GPU time of each kernel over 5 calls under
@@ -11,7 +11,7 @@ torch.profiler, node and composed side by side (where their times differ).
 
     PYTHONPATH=src python scripts/ab_one_node.py
 """
-import json, os, sys
+import json, os, statistics, sys
 SMOKE = os.environ.get("AB_SMOKE") == "1"  # a CPU run of tiny shapes under the interpreter, to check the script
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
@@ -68,6 +68,20 @@ def print_profiles(fns) -> None:
             a, b = node.get(name, 0.0), comp.get(name, 0.0)
             if abs(a - b) > 0.01 or max(a, b) > 0.5:
                 print(f"    {a:8.3f} {b:8.3f}  {name[:100]}")
+def print_by_predecessor(t, calls) -> None:
+    """Each callable's median ms by the callable that ran just before it (the rounds rotate, so
+    every callable follows each other one): a predecessor that leaves the clocks low shows here."""
+    seen: dict[str, int] = {}
+    by: dict[str, dict[str, list[float]]] = {}
+    for i, name in enumerate(calls):
+        k = seen[name] = seen.get(name, -2) + 1  # -1: the warm-up call, untimed
+        if k >= 0 and i > 0 and not isinstance(t[name], BaseException):
+            by.setdefault(name, {}).setdefault(calls[i - 1], []).append(t[name].samples_ms[k])
+    for name, groups in by.items():
+        cells = "  ".join(f"{p} {statistics.median(xs):.3f} ({len(xs)})" for p, xs in sorted(groups.items()))
+        print(f"  {name} ms by predecessor: {cells}")
+
+
 for N, g in SHAPES:
     h_kv, d = (1, 16) if SMOKE else (4, 128)
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -107,8 +121,11 @@ for N, g in SHAPES:
         counts[name] = c.total
     print(f"N={N} g={g}: fwd equal {torch.equal(o1, o2)}, max grad rel diff {gerr:.2e}, launches fwd+bwd {counts}", flush=True)
     del o1, o2, g1, g2
-    t = interleaved(fns, dev, rounds=Rounds(rounds=2, min_rounds=1, rep_ms=0, max_rounds=2) if SMOKE
+    calls = []  # every call's name, in order: each sample's predecessor
+    logged = {name: (lambda name=name, f=f: (calls.append(name), f())[1]) for name, f in fns.items()}
+    t = interleaved(logged, dev, rounds=Rounds(rounds=2, min_rounds=1, rep_ms=0, max_rounds=2) if SMOKE
                     else Rounds(rounds=ROUNDS, rep_ms=200, budget_ms=4000 * ROUNDS // 20))
+    print_by_predecessor(t, calls)
     row = {"N": N, "g": g, "fwd_equal": True, "grad_rel_diff": gerr, "launches": counts}
     for name, tm in t.items():
         row[name] = tm.summary() if not isinstance(tm, BaseException) else repr(tm)

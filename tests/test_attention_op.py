@@ -70,13 +70,22 @@ def test_one_node_matches_the_composed_branches(selection, rotary, monkeypatch):
         assert (a.float() - b.float()).abs().max().item() <= bound, name
 
 
+def _described(x):
+    """A launch argument as the kernel sees it, without its address: a tensor's shape, strides,
+    dtype and storage size; anything else as it is."""
+    if isinstance(x, torch.Tensor):
+        return tuple(x.shape), x.stride(), x.dtype, x.untyped_storage().nbytes()
+    return x
+
+
 def _forward_launches(monkeypatch, fused: bool, leaves, cu) -> list:
-    """(kernel, its constexpr and launch-option keywords) of each Triton launch of one forward
-    without gradients, in order."""
+    """(kernel, its arguments, its keywords but the grid function) of each Triton launch of one
+    forward without gradients, in order."""
     seen = []
 
     def record(kernel, args, kwargs):
-        seen.append((kernel.fn.__name__, {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")}))
+        seen.append((kernel.fn.__name__, [_described(a) for a in args],
+                     {k: _described(v) for k, v in kwargs.items() if k != "grid"}))
 
     with monkeypatch.context() as m, torch.no_grad(), LaunchCounter(on_triton_launch=record):
         if not fused:
@@ -87,8 +96,8 @@ def _forward_launches(monkeypatch, fused: bool, leaves, cu) -> list:
 
 @pytest.mark.slow(10)
 def test_one_node_forward_launches_the_composed_forwards_kernels(monkeypatch):
-    """The node's forward and the composed one launch the same kernels with the same tiles in the
-    same order (docs/performance.md: their GPU times still differ at 64K, g = 4)."""
+    """The node's forward and the composed one launch the same kernels in the same order, with
+    the same tiles and arguments (tensors of the same shapes, strides and storage sizes)."""
     leaves, cu, _ = _inputs(torch.float16, rotary=False)
     node = _forward_launches(monkeypatch, True, leaves, cu)
     assert len(node) > 10

@@ -71,10 +71,11 @@ def test_one_node_matches_the_composed_branches(selection, rotary, monkeypatch):
 
 
 def _described(x):
-    """A launch argument as the kernel sees it, without its address: a tensor's shape, strides,
-    dtype and storage size; anything else as it is."""
+    """A launch argument as the kernel sees it, without its address: a tensor's shape, strides
+    and dtype (whether it is a view of a call's scratch depends on the shapes run before); anything
+    else as it is."""
     if isinstance(x, torch.Tensor):
-        return tuple(x.shape), x.stride(), x.dtype, x.untyped_storage().nbytes()
+        return tuple(x.shape), x.stride(), x.dtype
     return x
 
 
@@ -97,7 +98,7 @@ def _forward_launches(monkeypatch, fused: bool, leaves, cu) -> list:
 @pytest.mark.slow(10)
 def test_one_node_forward_launches_the_composed_forwards_kernels(monkeypatch):
     """The node's forward and the composed one launch the same kernels in the same order, with
-    the same tiles and arguments (tensors of the same shapes, strides and storage sizes)."""
+    the same tiles and arguments (tensors of the same shapes and strides)."""
     leaves, cu, _ = _inputs(torch.float16, rotary=False)
     node = _forward_launches(monkeypatch, True, leaves, cu)
     assert len(node) > 10

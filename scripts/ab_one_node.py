@@ -3,7 +3,8 @@
 "composed"), cuDNN's causal attention beside, interleaved in one process (``bench.timing.interleaved``:
 eager, CUDA events, L2 flushed), bf16, 4 KV heads, d = 128, the published config, one sequence.
 Prints a correctness line per shape (forward bits, gradients' largest relative difference,
-launches), each callable's median by the callable that ran just before it, and a table last; writes ab_node.json to $OUT (default /tmp).
+launches), each callable's median by the callable that ran just before it, and a table last;
+writes ab_node.json to $OUT (default /tmp).
 ``AB_SMOKE=1`` runs one tiny shape on the CPU under the Triton interpreter (a check of the script);
 ``AB_SHAPES=65536:4`` times only the listed (N, g), ``AB_ROUNDS`` sets the interleaved rounds (20).
 ``AB_PROFILE=1`` then prints, per shape and call, the GPU time of each kernel over 5 calls under
@@ -68,13 +69,18 @@ def print_profiles(fns) -> None:
             a, b = node.get(name, 0.0), comp.get(name, 0.0)
             if abs(a - b) > 0.01 or max(a, b) > 0.5:
                 print(f"    {a:8.3f} {b:8.3f}  {name[:100]}")
+
+
+WARMUP = 1  # untimed calls of each callable before the rounds
+
+
 def print_by_predecessor(t, calls) -> None:
     """Each callable's median ms by the callable that ran just before it (the rounds rotate, so
-    every callable follows each other one): a predecessor that leaves the clocks low shows here."""
+    every callable follows every other one): a predecessor that slows the next call shows here."""
     seen: dict[str, int] = {}
     by: dict[str, dict[str, list[float]]] = {}
     for i, name in enumerate(calls):
-        k = seen[name] = seen.get(name, -2) + 1  # -1: the warm-up call, untimed
+        k = seen[name] = seen.get(name, -1 - WARMUP) + 1  # below 0: warm-up calls, untimed
         if k >= 0 and i > 0 and not isinstance(t[name], BaseException):
             by.setdefault(name, {}).setdefault(calls[i - 1], []).append(t[name].samples_ms[k])
     for name, groups in by.items():
@@ -124,7 +130,7 @@ for N, g in SHAPES:
     calls = []  # every call's name, in order: each sample's predecessor
     logged = {name: (lambda name=name, f=f: (calls.append(name), f())[1]) for name, f in fns.items()}
     t = interleaved(logged, dev, rounds=Rounds(rounds=2, min_rounds=1, rep_ms=0, max_rounds=2) if SMOKE
-                    else Rounds(rounds=ROUNDS, rep_ms=200, budget_ms=4000 * ROUNDS // 20))
+                    else Rounds(rounds=ROUNDS, rep_ms=200, budget_ms=4000 * ROUNDS // 20), warmup=WARMUP)
     print_by_predecessor(t, calls)
     row = {"N": N, "g": g, "fwd_equal": True, "grad_rel_diff": gerr, "launches": counts}
     for name, tm in t.items():

@@ -215,7 +215,7 @@ def interleaved(
     Every callable is called ``warmup`` times untimed first (compile, autotune, ``auto`` dispatch
     profiling). Then each round calls every still-active callable once, in ``fns`` order rotated
     by one place a round (round r starts at the r-th), so no callable always runs right after the
-    same one (a long callable can leave the clocks in a state that the next one inherits). With
+    same one (what a callable leaves behind, in the clocks or the caches, can slow the next). With
     ``cuda_events`` (``auto`` on CUDA; ``do_bench`` is taken to mean it) from an idle device
     (synced), after zeroing a 256 MiB buffer (L2 flush), between two CUDA events read at the
     round's end. The sync before each call matters where a call is host-bound: without it, a

@@ -11,6 +11,8 @@ tests/test_gpu_models.py.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -48,10 +50,18 @@ def _run(leaves, cu, rotary, selection, impls=KERNELS, seed=3):
     return o, block_idx, torch.autograd.grad(o, leaves, do)
 
 
-def _composed(monkeypatch, *args, **kwargs):
-    """``_run`` with the one-node op turned off: each branch's own op and autograd node."""
+@contextlib.contextmanager
+def _branches_composed(monkeypatch, composed: bool = True):
+    """Inside it (where ``composed``), the one-node op is off: each branch's own op and autograd node."""
     with monkeypatch.context() as m:
-        m.setattr(attention, "fused", lambda *a: False)
+        if composed:
+            m.setattr(attention, "fused", lambda *a: False)
+        yield
+
+
+def _composed(monkeypatch, *args, **kwargs):
+    """``_run`` with the branches composed."""
+    with _branches_composed(monkeypatch):
         return _run(*args, **kwargs)
 
 
@@ -88,9 +98,7 @@ def _forward_launches(monkeypatch, fused: bool, leaves, cu) -> list:
         seen.append((kernel.fn.__name__, [_described(a) for a in args],
                      {k: _described(v) for k, v in kwargs.items() if k != "grid"}))
 
-    with monkeypatch.context() as m, torch.no_grad(), LaunchCounter(on_triton_launch=record):
-        if not fused:
-            m.setattr(attention, "fused", lambda *a: False)
+    with _branches_composed(monkeypatch, not fused), torch.no_grad(), LaunchCounter(on_triton_launch=record):
         attention.nsa_attention(*leaves, cu, CFG, None, "triton", "fsa", "triton", "triton")
     return seen
 
@@ -135,8 +143,7 @@ def test_a_prefill_fills_the_cache_as_the_composed_branches_do(monkeypatch):
     caches = [NSADecodeCache.allocate(len(LENGTHS), 48, 2, 16, CFG, torch.float16, "cpu", num_heads=4) for _ in range(2)]
     with torch.no_grad():
         attention.nsa_attention(*leaves, cu, CFG, cos_sin, "triton", "fsa", "triton", "triton", cache=caches[0])
-        with monkeypatch.context() as m:
-            m.setattr(attention, "fused", lambda *a: False)
+        with _branches_composed(monkeypatch):
             attention.nsa_attention(*leaves, cu, CFG, cos_sin, "triton", "fsa", "triton", "triton", cache=caches[1])
     for name in ("k", "v", "k_cmp", "v_cmp", "k_recent", "lengths"):
         assert torch.equal(getattr(caches[0], name), getattr(caches[1], name)), name
@@ -187,8 +194,7 @@ def test_one_node_matches_the_composed_branches_on_the_gpu(selection, g, monkeyp
         return o, block_idx, torch.autograd.grad(o, leaves, do)
 
     o, block_idx, grads = run()
-    with monkeypatch.context() as m:
-        m.setattr(attention, "fused", lambda *a: False)
+    with _branches_composed(monkeypatch):
         o_ref, block_ref, grads_ref = run()
     assert torch.equal(block_idx, block_ref) and torch.equal(o, o_ref)
     for name, a, b in zip(("q", "k", "v", "w_k", "w_v", "pe", "gate"), grads, grads_ref):

@@ -266,7 +266,8 @@ def interleaved(
             torch.cuda.synchronize(device)
             for name, (start, end) in events.items():
                 samples[name].append(float(start.elapsed_time(end)))
-    settings = {"interleaved": list(fns), "rotated": True, "warmup": warmup, "l2_flush": cuda, "synced_before_each_call": True, "rounds": rounds.rounds, "min_rounds": rounds.min_rounds,
+    settings = {"interleaved": list(fns), "rotated": True, "warmup": warmup, "l2_flush": cuda,
+                "synced_before_each_call": True, "rounds": rounds.rounds, "min_rounds": rounds.min_rounds,
                 "rep_ms": rounds.rep_ms, "budget_ms": rounds.budget_ms, "max_rounds": rounds.max_rounds}
     for name, xs in samples.items():
         if name not in results:
